@@ -1,0 +1,34 @@
+//! `smc-verbs`: the RDMA verbs API that the SMC-R core is written against.
+//!
+//! The API follows ibverbs semantics (device, protection domain, memory region,
+//! completion queue, reliable-connected queue pair, work requests and work
+//! completions) so that a real RNIC behind libibverbs can implement it later
+//! without changes to the layers above. The software RoCEv2 RNIC in
+//! `smc-softroce` is the default provider.
+//!
+//! Handles (`Device`, `Pd`, `Mr`, `Cq`, `Qp`) are cheap, cloneable wrappers
+//! around provider trait objects (see [`provider`]). Providers implement the
+//! `*Ops` traits; users only see the handles.
+//!
+//! Memory that an RNIC may read or write is allocated as an [`RdmaBuffer`]
+//! (page-aligned, zeroed, shared with the provider). Work requests name
+//! memory the ibverbs way: by virtual address, length and lkey ([`Sge`]).
+
+pub mod error;
+pub mod mem;
+pub mod provider;
+pub mod qp;
+pub mod types;
+pub mod wc;
+pub mod wr;
+
+pub use error::{Result, VerbsError};
+pub use mem::RdmaBuffer;
+pub use provider::{
+    CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,
+    Qp, QpOps,
+};
+pub use qp::{AddressHandle, InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+pub use types::{psn_add, psn_diff, AccessFlags, Gid, Mac, Mtu, PSN_MASK, QPN_MASK};
+pub use wc::{WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing smc-rs needs on a fresh Debian machine.
+# Idempotent; quiet when everything is present. Needs root for apt-get.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have tshark   || need+=(tshark)
+have clang    || need+=(clang llvm)
+have bpftool  || need+=(bpftool)
+have ip       || need+=(iproute2)
+have tc       || need+=(iproute2)
+have tcpdump  || need+=(tcpdump)
+have nc       || need+=(netcat-openbsd)
+have pkg-config || need+=(pkg-config)
+[ -e /usr/include/bpf/libbpf.h ] || need+=(libbpf-dev)
+[ -e /usr/include/gelf.h ]       || need+=(libelf-dev)
+[ -e /usr/include/zlib.h ]       || need+=(zlib1g-dev)
+
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}" >&2
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# Independent RoCEv2 ICRC checker used by the tests (scapy's RoCE layer).
+python3 -c 'import scapy' 2>/dev/null || pip install -q scapy >/dev/null 2>&1 || \
+  echo "setup: warning: could not install scapy; ICRC cross-checks will be skipped" >&2

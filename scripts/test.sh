@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The one command that runs every test of smc-rs (README, second command).
+# Installs what the tests need, then: formatting, lints, unit/property/
+# integration tests, and the system tests under tests/system (network
+# namespaces, tshark, QEMU kernel peers; each skips with a clear message
+# when the machine cannot run it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace --release
+echo "== system tests"
+cargo build --release --workspace --bins
+status=0
+for t in tests/system/*.sh; do
+  [ -e "$t" ] || continue
+  echo "-- $t"
+  set +e
+  bash "$t"
+  rc=$?
+  set -e
+  case $rc in
+    0)  echo "PASS $t" ;;
+    77) echo "SKIP $t" ;;
+    *)  echo "FAIL $t (exit $rc)"; status=1 ;;
+  esac
+done
+exit $status
