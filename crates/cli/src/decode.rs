@@ -68,6 +68,28 @@ impl Args {
     }
 }
 
+/// Whether a SEND payload looks like SMC-R (used for SENDs on QPs not yet known to carry
+/// SMC-R): at least 44 bytes and a length field that says 44 (v1 LLC, CDC) or a plausible
+/// SMC-Rv2 length — the same idea as Wireshark's `smcr_infiniband` heuristic.
+pub fn looks_like_smc(payload: &[u8], fmt: LlcFormat) -> bool {
+    if payload.len() < smc_wire::llc::LLC_LEN {
+        return false;
+    }
+    if payload[1] as usize == smc_wire::llc::LLC_LEN && payload[0] & 0xF0 != 0x20 {
+        return true;
+    }
+    let v2_len = usize::from(match fmt.v2_byte_order {
+        ByteOrder::Little => u16::from_le_bytes([payload[1], payload[2]]),
+        ByteOrder::Big => u16::from_be_bytes([payload[1], payload[2]]),
+    });
+    payload[0] & 0xF0 == 0x20 && v2_len == payload.len()
+}
+
+/// Remembers which (receiver address, QP) pairs carry SMC-R, from CLC Accept/Confirm and from
+/// SENDs that parsed, so that damaged messages on them are reported rather than skipped.
+#[derive(Default)]
+struct SmcQps(std::collections::HashSet<(std::net::IpAddr, u32)>);
+
 /// What a decode run saw.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Summary {
@@ -77,6 +99,8 @@ pub struct Summary {
     pub counts: BTreeMap<String, usize>,
     /// Malformed messages reported.
     pub malformed: usize,
+    /// RoCEv2 SENDs skipped because they are not SMC-R (unknown QP, no SMC-R shape).
+    pub non_smc_sends: usize,
     /// The capture ended in a damaged record (reported, decoding stopped there).
     pub damaged: Option<String>,
 }
@@ -95,6 +119,7 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<Summary> {
     let mut ex = Extractor::new();
     let mut summary = Summary::default();
     let mut t0: Option<Duration> = None;
+    let mut qps = SmcQps::default();
     while let Some(frame) = cap.next_frame() {
         let frame = match frame {
             Ok(f) => f,
@@ -107,6 +132,30 @@ pub fn run(args: &Args, out: &mut dyn Write) -> Result<Summary> {
         summary.frames += 1;
         let t0 = *t0.get_or_insert(frame.time);
         for found in ex.push(&frame) {
+            if let Found::Send {
+                origin,
+                dest_qp,
+                payload,
+            } = &found
+            {
+                let key = (origin.dst.ip(), *dest_qp);
+                if !qps.0.contains(&key) {
+                    if !looks_like_smc(payload, fmt) {
+                        summary.non_smc_sends += 1;
+                        continue;
+                    }
+                    if ControlMessage::parse(payload, fmt).is_ok() {
+                        qps.0.insert(key);
+                    }
+                }
+            }
+            if let Found::Clc { origin, bytes } = &found {
+                if let Ok(ClcMessage::Accept(a) | ClcMessage::Confirm(a)) = ClcMessage::parse(bytes)
+                {
+                    // The sender of an Accept/Confirm owns this QP: SENDs to it are SMC-R.
+                    qps.0.insert((origin.src.ip(), a.qpn.get()));
+                }
+            }
             let (kind, text) = describe(&found, fmt);
             let o = found.origin();
             writeln!(out, "{} {text}", prefix(o, t0))?;
@@ -213,14 +262,14 @@ fn clc_line(m: &ClcMessage) -> (String, String) {
 }
 
 fn proposal_line(p: &ProposalRepr) -> String {
+    let offers = if p.version >= 2 {
+        format!("offers v1={} v2={}", p.typev1.name(), p.typev2.name())
+    } else {
+        format!("offers {}", p.typev1.name())
+    };
     let mut s = format!(
-        "CLC Proposal v{} offers v1={} v2={} peer={} gid={} mac={}",
-        p.version,
-        p.typev1.name(),
-        p.typev2.name(),
-        p.peer_id,
-        p.gid,
-        p.mac
+        "CLC Proposal v{} {offers} peer={} gid={} mac={}",
+        p.version, p.peer_id, p.gid, p.mac
     );
     let (ip, v2) = match &p.body {
         ProposalBody::V1 { ip, .. } => (Some(ip), None),

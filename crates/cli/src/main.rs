@@ -29,10 +29,11 @@ fn main() -> ExitCode {
                     let kinds: Vec<String> =
                         s.counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
                     eprintln!(
-                        "smc decode: {} frames, {} SMC messages, {} malformed{}",
+                        "smc decode: {} frames, {} SMC messages, {} malformed, {} non-SMC SENDs{}",
                         s.frames,
                         s.messages(),
                         s.malformed,
+                        s.non_smc_sends,
                         if s.damaged.is_some() {
                             ", capture damaged"
                         } else {
