@@ -18,10 +18,24 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("smc-decode-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A temporary file removed when dropped (also when the test fails).
+struct Tmp(PathBuf);
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl std::ops::Deref for Tmp {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+fn tmp(name: &str) -> Tmp {
+    Tmp(std::env::temp_dir().join(format!("smc-decode-{}-{name}", std::process::id())))
 }
 
 fn decode(path: &Path) -> Output {
@@ -145,7 +159,7 @@ fn reports_corruption_with_frame_and_field_and_keeps_going() {
 fn truncated_capture_reports_and_stops() {
     let src = std::fs::read(fixture("smc_clc.pcap")).unwrap();
     let path = tmp("truncated.pcap");
-    std::fs::write(&path, &src[..src.len() - 10]).unwrap();
+    std::fs::write(&*path, &src[..src.len() - 10]).unwrap();
     let o = decode(&path);
     assert!(o.status.success());
     let out = stdout(&o);
@@ -158,7 +172,7 @@ fn unreadable_files_fail() {
     let o = decode(Path::new("/nonexistent/x.pcap"));
     assert!(!o.status.success());
     let path = tmp("garbage.pcap");
-    std::fs::write(&path, b"this is not a capture").unwrap();
+    std::fs::write(&*path, b"this is not a capture").unwrap();
     let o = decode(&path);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a pcap or pcapng file"));
@@ -168,7 +182,7 @@ fn unreadable_files_fail() {
 fn pcapng_works_too() {
     let path = tmp("clc.pcapng");
     let mut r = PcapReader::new(File::open(fixture("smc_clc.pcap")).unwrap()).unwrap();
-    let mut w = PcapNgWriter::new(File::create(&path).unwrap()).unwrap();
+    let mut w = PcapNgWriter::new(File::create(&*path).unwrap()).unwrap();
     w.write_block(&Block::InterfaceDescription(InterfaceDescriptionBlock::new(
         DataLink::ETHERNET,
         65535,
