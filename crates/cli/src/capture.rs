@@ -143,6 +143,8 @@ impl Capture {
             Ok(_) => self.next_number += 1,
             Err(_) => self.failed = true,
         }
-        Some(res.map_err(|e: anyhow::Error| e.context(format!("capture damaged at frame {number}"))))
+        Some(
+            res.map_err(|e: anyhow::Error| e.context(format!("capture damaged at frame {number}"))),
+        )
     }
 }

@@ -303,7 +303,12 @@ fn proposal_line(p: &ProposalRepr) -> String {
             s.push_str(" seid");
         }
         if let Some(d) = &v2.smcd {
-            let _ = write!(s, " smcd(seid={} ism_gids={})", d.system_eid, d.ism_gids.len());
+            let _ = write!(
+                s,
+                " smcd(seid={} ism_gids={})",
+                d.system_eid,
+                d.ism_gids.len()
+            );
         }
     }
     s
@@ -358,7 +363,10 @@ fn decline_line(d: &DeclineRepr) -> String {
         (Some(n), Some(e)) => format!("{:#010x} {n}: {e}", d.diagnosis.0),
         _ => format!("{:#010x} (unknown code)", d.diagnosis.0),
     };
-    let mut s = format!("CLC Decline v{} peer={} reason={reason}", d.version, d.peer_id);
+    let mut s = format!(
+        "CLC Decline v{} peer={} reason={reason}",
+        d.version, d.peer_id
+    );
     if d.out_of_sync {
         s.push_str(" out-of-sync");
     }
@@ -373,7 +381,11 @@ fn other_line(o: &OtherPathRepr) -> String {
         "CLC {} (SMC-D, not SMC-R) v{}{} ism_gid={:#018x} dmb_token={:#018x} dmbe={} link_id={:#x}",
         o.msg_type().name(),
         o.version(),
-        if o.first_contact() { " first-contact" } else { "" },
+        if o.first_contact() {
+            " first-contact"
+        } else {
+            ""
+        },
         o.ism_gid(),
         o.dmb_token(),
         size(o.dmbe_size()),
@@ -420,8 +432,10 @@ fn llc_line(m: &LlcMessage) -> (String, String) {
                 a.gid,
                 a.qpn,
                 a.link_num,
-                a.mtu()
-                    .map_or_else(|_| format!("reserved({})", a.qp_mtu), |m| m.bytes().to_string()),
+                a.mtu().map_or_else(
+                    |_| format!("reserved({})", a.qp_mtu),
+                    |m| m.bytes().to_string()
+                ),
                 a.psn
             );
             if let Some(e) = &a.ext {

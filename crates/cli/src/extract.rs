@@ -109,13 +109,8 @@ impl Direction {
         }
         self.append(&data[skip..]);
         // Drain out-of-order segments that now fit (each pass removes one).
-        loop {
-            let Some(n) = self.next_seq else { break };
-            let Some(&s) = self
-                .ooo
-                .keys()
-                .find(|&&s| (s.wrapping_sub(n) as i32) <= 0)
-            else {
+        while let Some(n) = self.next_seq {
+            let Some(&s) = self.ooo.keys().find(|&&s| (s.wrapping_sub(n) as i32) <= 0) else {
                 break;
             };
             let seg = self.ooo.remove(&s).unwrap_or_default();

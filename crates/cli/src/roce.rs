@@ -169,10 +169,16 @@ mod tests {
             psn: 0,
         };
         let mut r = SendReassembler::default();
-        assert!(matches!(r.push(a, b, bth(0x01), &[1]), Reassembly::Broken(_)));
+        assert!(matches!(
+            r.push(a, b, bth(0x01), &[1]),
+            Reassembly::Broken(_)
+        ));
         assert_eq!(r.push(a, b, bth(0x00), &[1, 2]), Reassembly::Pending);
         assert_eq!(r.push(a, b, bth(0x01), &[3]), Reassembly::Pending);
-        assert_eq!(r.push(a, b, bth(0x02), &[4]), Reassembly::Complete(vec![1, 2, 3, 4]));
+        assert_eq!(
+            r.push(a, b, bth(0x02), &[4]),
+            Reassembly::Complete(vec![1, 2, 3, 4])
+        );
         assert_eq!(r.push(a, b, bth(0x04), &[9]), Reassembly::Complete(vec![9]));
     }
 }

@@ -74,9 +74,9 @@ fn decodes_the_linux_capture_like_tshark_counts_it() {
     assert_eq!(count(&out, "LLC CONFIRM LINK v2"), 2);
     assert_eq!(count(&out, "LLC ADD LINK v2"), 2);
     // Key fields, frame numbers and directions as tshark shows them.
-    assert!(out.contains(
-        "    11 10.99.0.2:47298 → 10.99.0.1:5000 CLC Proposal v2 offers v1=none v2=R"
-    ));
+    assert!(
+        out.contains("    11 10.99.0.2:47298 → 10.99.0.1:5000 CLC Proposal v2 offers v1=none v2=R")
+    );
     assert!(out.contains("eids=[SMC-PEER-TEST] roce_gid=::ffff:10.99.0.2"));
     assert!(out.contains("qpn=0x000011 rkey=0x362 rmbe_idx=1 token=0x1 rmbe=64KiB mtu=1024"));
     assert!(out.contains("host=smc-server os=Linux release=1 direct"));
@@ -93,7 +93,10 @@ fn no_false_positives_on_plain_rdma_traffic() {
     assert!(o.status.success());
     assert_eq!(stdout(&o), "");
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("0 SMC messages, 0 malformed, 500 non-SMC SENDs"), "{err}");
+    assert!(
+        err.contains("0 SMC messages, 0 malformed, 500 non-SMC SENDs"),
+        "{err}"
+    );
 }
 
 /// Rewrites a capture, letting `edit` change the bytes of selected frames (1-based).
@@ -139,7 +142,10 @@ fn reports_corruption_with_frame_and_field_and_keeps_going() {
         _ => {}
     });
     let o = decode(&path);
-    assert!(o.status.success(), "malformed input is not a command failure");
+    assert!(
+        o.status.success(),
+        "malformed input is not a command failure"
+    );
     let out = stdout(&o);
     let bad: Vec<&str> = out.lines().filter(|l| l.contains("MALFORMED")).collect();
     assert_eq!(bad.len(), 4, "{bad:#?}");
@@ -183,10 +189,9 @@ fn pcapng_works_too() {
     let path = tmp("clc.pcapng");
     let mut r = PcapReader::new(File::open(fixture("smc_clc.pcap")).unwrap()).unwrap();
     let mut w = PcapNgWriter::new(File::create(&*path).unwrap()).unwrap();
-    w.write_block(&Block::InterfaceDescription(InterfaceDescriptionBlock::new(
-        DataLink::ETHERNET,
-        65535,
-    )))
+    w.write_block(&Block::InterfaceDescription(
+        InterfaceDescriptionBlock::new(DataLink::ETHERNET, 65535),
+    ))
     .unwrap();
     while let Some(p) = r.next_packet() {
         let p = p.unwrap();

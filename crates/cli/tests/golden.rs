@@ -12,11 +12,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/pcaps").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/pcaps")
+        .join(name)
 }
 
 fn hex(s: &str) -> Vec<u8> {
-    assert!(s.len() % 2 == 0, "odd hex length");
+    assert!(s.len().is_multiple_of(2), "odd hex length");
     (0..s.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
@@ -26,7 +28,9 @@ fn hex(s: &str) -> Vec<u8> {
 /// Parses and re-emits one CLC message; returns its census label.
 fn clc_round_trip(bytes: &[u8], where_: &str) -> String {
     let m = ClcMessage::parse(bytes).unwrap_or_else(|e| panic!("{where_}: CLC parse: {e}"));
-    let out = m.to_vec().unwrap_or_else(|e| panic!("{where_}: CLC emit: {e}"));
+    let out = m
+        .to_vec()
+        .unwrap_or_else(|e| panic!("{where_}: CLC emit: {e}"));
     assert_eq!(out, bytes, "{where_}: CLC re-emit differs ({m:?})");
     let name = m.msg_type().name();
     match m {
@@ -162,7 +166,10 @@ fn rfc_offset0_proposal_capture() {
         ("TCP option SYN-ACK", 1),
         ("CLC Proposal", 1),
     ]);
-    assert_eq!(census("smc_clc_rfc_offset0.pcap", LlcFormat::LINUX_X86), want);
+    assert_eq!(
+        census("smc_clc_rfc_offset0.pcap", LlcFormat::LINUX_X86),
+        want
+    );
 }
 
 #[test]

@@ -88,7 +88,9 @@ mod tests {
     #[test]
     fn finds_linux_syn_option() {
         // MSS, SACK_PERM, TS, NOP, WS, NOP, NOP, SMC (as in k612-pair frame 8).
-        let mut opts = vec![2, 4, 5, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 6];
+        let mut opts = vec![
+            2, 4, 5, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 6,
+        ];
         let at = opts.len() + 2;
         opts.extend_from_slice(&ALIGNED);
         assert_eq!(scan(&opts), Ok(Scan::Found(at)));

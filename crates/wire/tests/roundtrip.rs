@@ -14,9 +14,9 @@ use smc_wire::clc::{
 use smc_wire::common::{BufSize, ByteOrder, Gid, Mac, Name32, PeerId, U24};
 use smc_wire::decline::DeclineCode;
 use smc_wire::llc::{
-    AddLink, AddLinkCont, AddLinkRtoken, AddLinkV2Ext, ConfirmLink, ConfirmRkey,
-    ConfirmRkeyCont, DeleteLink, DeleteLinkReason, DeleteRkey, DeleteRkeyV2, Dialect,
-    LlcFormat, LlcMessage, OtherLinkRkey, ReqAddLink, RkeyList, RtokenList, TestLink,
+    AddLink, AddLinkCont, AddLinkRtoken, AddLinkV2Ext, ConfirmLink, ConfirmRkey, ConfirmRkeyCont,
+    DeleteLink, DeleteLinkReason, DeleteRkey, DeleteRkeyV2, Dialect, LlcFormat, LlcMessage,
+    OtherLinkRkey, ReqAddLink, RkeyList, RtokenList, TestLink,
 };
 use smc_wire::{tcp_option, ControlMessage};
 
@@ -71,21 +71,30 @@ fn ip_area() -> impl Strategy<Value = IpArea> {
 }
 
 fn smcd_area() -> impl Strategy<Value = SmcdArea> {
-    (any::<u64>(), any::<u16>(), any::<[u8; 3]>(), any::<[u8; 5]>()).prop_map(
-        |(ism_gid, chid, vendor_oui, vendor_exp_options)| SmcdArea {
+    (
+        any::<u64>(),
+        any::<u16>(),
+        any::<[u8; 3]>(),
+        any::<[u8; 5]>(),
+    )
+        .prop_map(|(ism_gid, chid, vendor_oui, vendor_exp_options)| SmcdArea {
             ism_gid,
             chid,
             vendor_oui,
             vendor_exp_options,
-        },
-    )
+        })
 }
 
 fn v2_ext(with_smcd: bool) -> impl Strategy<Value = ProposalV2Ext> {
-    let smcd = (name32(), arrayvec::<_, 8>((any::<u64>(), any::<u16>())))
-        .prop_map(|(system_eid, g)| SmcdV2Ext {
-            system_eid,
-            ism_gids: g.into_iter().map(|(gid, chid)| IsmGid { gid, chid }).collect(),
+    let smcd =
+        (name32(), arrayvec::<_, 8>((any::<u64>(), any::<u16>()))).prop_map(|(system_eid, g)| {
+            SmcdV2Ext {
+                system_eid,
+                ism_gids: g
+                    .into_iter()
+                    .map(|(gid, chid)| IsmGid { gid, chid })
+                    .collect(),
+            }
         });
     (
         arrayvec::<_, 8>(name32()),
@@ -95,20 +104,31 @@ fn v2_ext(with_smcd: bool) -> impl Strategy<Value = ProposalV2Ext> {
         any::<(u8, u8, u16)>(),
         smcd,
     )
-        .prop_map(move |(eids, release, seid, roce_gid, (mc, ml, fm), smcd)| ProposalV2Ext {
-            eids,
-            release,
-            seid,
-            roce_gid,
-            max_conns: mc,
-            max_links: ml,
-            feature_mask: fm,
-            smcd: with_smcd.then_some(smcd),
-        })
+        .prop_map(
+            move |(eids, release, seid, roce_gid, (mc, ml, fm), smcd)| ProposalV2Ext {
+                eids,
+                release,
+                seid,
+                roce_gid,
+                max_conns: mc,
+                max_links: ml,
+                feature_mask: fm,
+                smcd: with_smcd.then_some(smcd),
+            },
+        )
 }
 
 fn proposal() -> impl Strategy<Value = ProposalRepr> {
-    let head = || (eyecatcher(), peer_id(), gid(), mac(), path_type(), path_type());
+    let head = || {
+        (
+            eyecatcher(),
+            peer_id(),
+            gid(),
+            mac(),
+            path_type(),
+            path_type(),
+        )
+    };
     let v1 = (
         head(),
         prop_oneof![
@@ -174,8 +194,8 @@ fn fce() -> impl Strategy<Value = FirstContactExt> {
         name32(),
         any::<(u8, u8, u16, u32)>(),
     )
-        .prop_map(|(v2_direct, os_type, release, hostname, (mc, ml, fm, vx))| {
-            FirstContactExt {
+        .prop_map(
+            |(v2_direct, os_type, release, hostname, (mc, ml, fm, vx))| FirstContactExt {
                 v2_direct,
                 os_type,
                 release,
@@ -184,8 +204,8 @@ fn fce() -> impl Strategy<Value = FirstContactExt> {
                 max_links: ml,
                 feature_mask: fm,
                 vendor_exp_options: vx,
-            }
-        })
+            },
+        )
 }
 
 fn accept(ty: ClcType) -> impl Strategy<Value = AcceptConfirmRepr> {
@@ -209,7 +229,16 @@ fn accept(ty: ClcType) -> impl Strategy<Value = AcceptConfirmRepr> {
         any::<bool>(),
     )
         .prop_map(
-            move |(version, fc, (p, g, m, qpn, (rkey, idx, tok, va), size, psn), mtu, eid, fce, gids, with_gids)| {
+            move |(
+                version,
+                fc,
+                (p, g, m, qpn, (rkey, idx, tok, va), size, psn),
+                mtu,
+                eid,
+                fce,
+                gids,
+                with_gids,
+            )| {
                 let v2 = (version >= 2).then(|| AcceptV2 {
                     eid,
                     fce,
@@ -328,12 +357,27 @@ fn llc_spec() -> impl Strategy<Value = LlcSpec> {
     (
         (llc_format(), 0u8..10, any::<bool>(), any::<[bool; 4]>()),
         (mac(), gid(), gid(), u24(), u24()),
-        (any::<[u8; 16]>(), any::<[u8; 4]>(), any::<u32>(), any::<u64>()),
-        (vec(rtoken(), 0..40), vec(any::<u32>(), 0..=255), arrayvec::<_, 8>(gid())),
+        (
+            any::<[u8; 16]>(),
+            any::<[u8; 4]>(),
+            any::<u32>(),
+            any::<u64>(),
+        ),
+        (
+            vec(rtoken(), 0..40),
+            vec(any::<u32>(), 0..=255),
+            arrayvec::<_, 8>(gid()),
+        ),
         ([other(), other(), other()], any::<bool>()),
     )
         .prop_map(
-            |((fmt, which, v2, flags), (mac, gid, gid2, qpn, psn), (bytes, small, word, va), (rtokens, rkeys, gids), (others, with_ext))| LlcSpec {
+            |(
+                (fmt, which, v2, flags),
+                (mac, gid, gid2, qpn, psn),
+                (bytes, small, word, va),
+                (rtokens, rkeys, gids),
+                (others, with_ext),
+            )| LlcSpec {
                 fmt,
                 which,
                 v2,
@@ -449,16 +493,22 @@ fn build(s: &LlcSpec) -> LlcMessage<'_> {
 }
 
 fn cdc() -> impl Strategy<Value = CdcRepr> {
-    any::<(u16, u32, u16, u32, u16, u32, u8, u8)>().prop_map(|(seq, tok, pw, pc, cw, cc, pf, cf)| {
-        CdcRepr {
+    any::<(u16, u32, u16, u32, u16, u32, u8, u8)>().prop_map(
+        |(seq, tok, pw, pc, cw, cc, pf, cf)| CdcRepr {
             seqno: seq,
             token: tok,
-            prod: Cursor { wrap: pw, count: pc },
-            cons: Cursor { wrap: cw, count: cc },
+            prod: Cursor {
+                wrap: pw,
+                count: pc,
+            },
+            cons: Cursor {
+                wrap: cw,
+                count: cc,
+            },
             prod_flags: ProducerFlags::from_bits_truncate(pf),
             conn_flags: ConnStateFlags::from_bits_truncate(cf),
-        }
-    })
+        },
+    )
 }
 
 proptest! {

@@ -7,8 +7,8 @@
 
 use super::{check_frame, check_version, write_frame, ClcType, Eyecatcher, Header, PathType};
 use crate::common::{
-    array, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64, BufSize, Eid, Gid, HostName,
-    Mac, Name32, PeerId, QpMtu, U24,
+    array, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64, BufSize, Eid, Gid, HostName, Mac,
+    Name32, PeerId, QpMtu, U24,
 };
 use crate::error::{check_out, Error, Result};
 use arrayvec::ArrayVec;

@@ -65,9 +65,8 @@ impl DeclineRepr {
                 got: b.len(),
             });
         }
-        let diagnosis_v2 = (version >= 2).then(|| {
-            [0, 1, 2, 3].map(|i| get_u32(b, field::DIAGNOSIS_V2 + 4 * i))
-        });
+        let diagnosis_v2 =
+            (version >= 2).then(|| [0, 1, 2, 3].map(|i| get_u32(b, field::DIAGNOSIS_V2 + 4 * i)));
         Ok(DeclineRepr {
             eyecatcher: h.eyecatcher()?,
             version,

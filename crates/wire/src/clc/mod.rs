@@ -267,10 +267,7 @@ pub(crate) fn check_frame(b: &[u8]) -> Result<Header<&[u8]>> {
             got: b.len(),
         });
     }
-    let t = Eyecatcher::from_bytes(
-        [b[len - 4], b[len - 3], b[len - 2], b[len - 1]],
-        "trailer",
-    )?;
+    let t = Eyecatcher::from_bytes([b[len - 4], b[len - 3], b[len - 2], b[len - 1]], "trailer")?;
     if t != h.eyecatcher()? {
         return Err(Error::TrailerMismatch);
     }
@@ -297,6 +294,9 @@ pub(crate) fn check_version(version: u8) -> Result<()> {
 }
 
 /// Any CLC message.
+// Fixed-capacity lists keep parsing allocation-free (no Box); CLC is handled once per
+// connection, so the enum's size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClcMessage {
     /// SMC Proposal.

@@ -13,9 +13,7 @@
 //! length must match exactly (Linux `smc_clc_msg_prop_valid` is just as strict).
 
 use super::{check_frame, check_version, write_frame, ClcType, Eyecatcher, PathType};
-use crate::common::{
-    array, get_u16, get_u64, put_u16, put_u64, Eid, Gid, Mac, Name32, PeerId,
-};
+use crate::common::{array, get_u16, get_u64, put_u16, put_u64, Eid, Gid, Mac, Name32, PeerId};
 use crate::error::{check_out, Error, Result};
 use arrayvec::ArrayVec;
 use core::net::{Ipv4Addr, Ipv6Addr};
@@ -233,6 +231,8 @@ impl ProposalV2Ext {
 }
 
 /// The layout-specific part of a Proposal.
+// Fixed-capacity lists keep parsing allocation-free; the size difference is deliberate.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProposalBody {
     /// Header version 1 (RFC 7609; Linux ≤ 5.9).

@@ -572,8 +572,7 @@ mod tests {
     fn confirm_link_dialects() {
         // CHECKLIST test vector: RFC-figure CONFIRM LINK request.
         let b = hex("012c000002000000000100000000000000000000ffffc0000201000123011122334403000000000000000000");
-        let LlcMessage::ConfirmLink(c) = LlcMessage::parse(&b, LlcFormat::RFC7609).unwrap()
-        else {
+        let LlcMessage::ConfirmLink(c) = LlcMessage::parse(&b, LlcFormat::RFC7609).unwrap() else {
             panic!()
         };
         assert_eq!((c.link_num, c.link_uid, c.max_links), (1, 0x1122_3344, 3));

@@ -260,8 +260,7 @@ fn frame(b: &[u8], fmt: LlcFormat) -> Result<(LlcType, bool, &[u8])> {
 fn write_header(b: &mut [u8], ty: LlcType, v2: bool, flags: u8, fmt: LlcFormat) {
     if v2 {
         b[field::TYPE] = 0x20 | ty as u8;
-        fmt.v2_byte_order
-            .put_u16(b, field::LENGTH, b.len() as u16);
+        fmt.v2_byte_order.put_u16(b, field::LENGTH, b.len() as u16);
     } else {
         b[field::TYPE] = ty as u8;
         b[field::LENGTH] = LLC_LEN as u8;

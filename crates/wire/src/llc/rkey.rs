@@ -320,7 +320,10 @@ mod tests {
         let LlcMessage::DeleteRkeyV2(d) = m else {
             panic!()
         };
-        assert_eq!(d.rkeys.iter().collect::<Vec<_>>(), (1..=12).collect::<Vec<_>>());
+        assert_eq!(
+            d.rkeys.iter().collect::<Vec<_>>(),
+            (1..=12).collect::<Vec<_>>()
+        );
         let mut out = vec![0u8; m.buffer_len()];
         m.emit(&mut out, f).unwrap();
         assert_eq!(out, b);
