@@ -512,7 +512,7 @@ fn cdc() -> impl Strategy<Value = CdcRepr> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(2048))]
 
     // ---------- parse(emit(m)) == m ----------
 
