@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 /// Arguments of `smc decode`.
@@ -109,6 +110,40 @@ impl Summary {
     /// Total messages decoded.
     pub fn messages(&self) -> usize {
         self.counts.values().sum()
+    }
+}
+
+/// `smc decode`: decodes to stdout, prints a summary to stderr; fails only if the file cannot
+/// be read at all.
+pub fn command(args: &Args) -> ExitCode {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let res = run(args, &mut out);
+    let _ = out.flush();
+    match res {
+        Ok(s) => {
+            let kinds: Vec<String> = s.counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+            eprintln!(
+                "smc decode: {} frames, {} SMC messages, {} malformed, {} non-SMC SENDs{}",
+                s.frames,
+                s.messages(),
+                s.malformed,
+                s.non_smc_sends,
+                if s.damaged.is_some() {
+                    ", capture damaged"
+                } else {
+                    ""
+                }
+            );
+            if !kinds.is_empty() {
+                eprintln!("  {}", kinds.join("; "));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("smc decode: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -423,8 +458,10 @@ fn llc_line(m: &LlcMessage) -> (String, String) {
         LlcMessage::AddLink(a) => {
             let mut s = format!(
                 "{}mac={} gid={} qpn={} link={} mtu={} psn={}",
-                if a.reject {
+                if a.reject && !a.v2 {
                     format!("REJECT(reason {}) ", a.reject_reason)
+                } else if a.reject {
+                    "REJECT ".to_string()
                 } else {
                     String::new()
                 },
