@@ -247,6 +247,24 @@ impl AcceptConfirmRepr {
         r.qp_mtu = b[field::SIZE_MTU] & 0x0F;
         r.rmb_vaddr = get_u64(b, field::RMB_VADDR);
         r.psn = U24::read(b, field::PSN);
+        // CHECKLIST A.2.3 (EXT): QPs 0 and 1 are the IB special QPs, never an RC QP.
+        if r.qpn.get() < 2 {
+            return Err(Error::CountOutOfRange {
+                field: "qpn",
+                value: r.qpn.get() as usize,
+                min: 2,
+                max: U24::MAX.get() as usize,
+            });
+        }
+        // RFC 7609 §2.1: RMB element indexes are 1..255 (AMB-10: 0 → protocol error).
+        if r.rmbe_idx == 0 {
+            return Err(Error::CountOutOfRange {
+                field: "rmbe_idx",
+                value: 0,
+                min: 1,
+                max: 255,
+            });
+        }
         if first_contact {
             // RFC 7609 A.2.3: the MTU "should only be validated in the first contact
             // exchange"; a reserved value there is ENUM-DECL (Decline, fall back).
@@ -301,6 +319,15 @@ impl AcceptConfirmRepr {
             return Err(Error::ReservedValue {
                 field: "qp_mtu",
                 value: self.qp_mtu.into(),
+            });
+        }
+        if self.first_contact {
+            self.mtu()?;
+        }
+        if self.qpn.get() < 2 || self.rmbe_idx == 0 {
+            return Err(Error::Inconsistent {
+                field: "qpn/rmbe_idx",
+                why: "QPN must be >= 2 and the RMBE index >= 1",
             });
         }
         Ok(())
@@ -507,6 +534,22 @@ mod tests {
             e.action(crate::Layer::Clc),
             crate::Action::DeclineAndFallback
         );
+        let mut z = b.clone();
+        z[field::QPN..field::QPN + 3].copy_from_slice(&[0, 0, 1]);
+        z[field::SIZE_MTU] = 0x23;
+        assert!(matches!(
+            ClcMessage::parse(&z),
+            Err(Error::CountOutOfRange { field: "qpn", .. })
+        ));
+        z[field::QPN + 2] = 0x11;
+        z[field::RMBE_IDX] = 0;
+        assert!(matches!(
+            ClcMessage::parse(&z),
+            Err(Error::CountOutOfRange {
+                field: "rmbe_idx",
+                ..
+            })
+        ));
         b[7] = 0x20; // not first contact: the MTU is not validated (RFC 7609 A.2.3)
         let ClcMessage::Confirm(c) = ClcMessage::parse(&b).unwrap() else {
             panic!("Confirm expected")

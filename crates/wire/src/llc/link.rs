@@ -54,6 +54,15 @@ impl ConfirmLink {
     }
     pub(crate) fn parse(m: &[u8], v2: bool, fmt: LlcFormat) -> Result<ConfirmLink> {
         fixed_len(LlcType::ConfirmLink, m)?;
+        // The server assigns link numbers from 1 (AMB-34: 0 is invalid; Linux skips it).
+        if m[29] == 0 {
+            return Err(Error::CountOutOfRange {
+                field: "CONFIRM LINK link_num",
+                value: 0,
+                min: 1,
+                max: 255,
+            });
+        }
         let linux = Self::linux(v2, fmt);
         Ok(ConfirmLink {
             v2,
@@ -70,6 +79,14 @@ impl ConfirmLink {
     }
     pub(crate) fn emit(&self, b: &mut [u8], fmt: LlcFormat) -> Result<()> {
         let linux = Self::linux(self.v2, fmt);
+        if self.link_num == 0 {
+            return Err(Error::CountOutOfRange {
+                field: "CONFIRM LINK link_num",
+                value: 0,
+                min: 1,
+                max: 255,
+            });
+        }
         if !linux && (self.no_rmbe_eyecatcher || self.max_conns != 0) {
             return Err(Error::Inconsistent {
                 field: "CONFIRM LINK flags",
@@ -586,5 +603,10 @@ mod tests {
         };
         assert!(r.response && !r.no_rmbe_eyecatcher && r.max_conns == 0);
         assert!(l.response && l.no_rmbe_eyecatcher && l.max_conns == 255);
+        x[29] = 0; // link number 0 is invalid (AMB-34)
+        assert!(matches!(
+            LlcMessage::parse(&x, LlcFormat::LINUX_X86),
+            Err(Error::CountOutOfRange { value: 0, .. })
+        ));
     }
 }
