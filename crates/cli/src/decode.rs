@@ -516,7 +516,11 @@ fn llc_line(m: &LlcMessage) -> (String, String) {
         ),
         LlcMessage::ReqAddLink(r) => {
             let g: Vec<String> = r.gids.iter().map(|g| g.to_string()).collect();
-            format!("gids=[{}]", g.join(","))
+            let mut s = format!("gids=[{}]", g.join(","));
+            if r.other_flags != 0 {
+                let _ = write!(s, " flags={:#04x}", r.other_flags);
+            }
+            s
         }
         LlcMessage::ConfirmRkey(c) => {
             let mut s = format!(

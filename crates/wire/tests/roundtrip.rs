@@ -453,6 +453,7 @@ fn build(s: &LlcSpec) -> LlcMessage<'_> {
         }),
         4 => LlcMessage::ReqAddLink(ReqAddLink {
             response: f0,
+            other_flags: s.small[3] & 0x7F,
             gids: s.gids.clone(),
         }),
         5 => LlcMessage::ConfirmRkey(ConfirmRkey {

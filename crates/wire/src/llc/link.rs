@@ -432,11 +432,16 @@ impl DeleteLink {
 pub const MAX_REQ_ADD_LINK_GIDS: usize = 8;
 
 /// REQUEST ADD LINK v2 (0x25; Linux `smc_llc_msg_req_add_link_v2`): the client invites the
-/// server to add a link and lists its usable GIDs. Length is max(44, 28 + 16·n).
+/// server to add a link and lists its usable GIDs. Linux sends 28 + 16·n bytes (n ≥ 1 in
+/// practice, as receivers require ≥ 44) and answers with a 44-byte echo; so the length here
+/// is max(44, 28 + 16·n).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReqAddLink {
     /// Response flag (the server answers only when it cannot add a link).
     pub response: bool,
+    /// Flag bits other than the response flag (0x7F), kept verbatim: Linux marks a negative
+    /// response there.
+    pub other_flags: u8,
     /// The client's GIDs.
     pub gids: ArrayVec<Gid, MAX_REQ_ADD_LINK_GIDS>,
 }
@@ -471,11 +476,12 @@ impl ReqAddLink {
         }
         Ok(ReqAddLink {
             response: m[3] & FLAG_RESP != 0,
+            other_flags: m[3] & !FLAG_RESP,
             gids,
         })
     }
     pub(crate) fn emit(&self, b: &mut [u8], fmt: LlcFormat) {
-        let flags = if self.response { FLAG_RESP } else { 0 };
+        let flags = if self.response { FLAG_RESP } else { 0 } | (self.other_flags & !FLAG_RESP);
         write_header(b, LlcType::ReqAddLink, true, flags, fmt);
         b[24] = self.gids.len() as u8;
         for (i, g) in self.gids.iter().enumerate() {
