@@ -1,0 +1,12 @@
+//! The `smc` command's library: each subcommand lives in its own module so that new ones
+//! (`listen`, `connect`, `bench`, `demo`, `bpf`) are added with one line in `main.rs`.
+//!
+//! - [`decode`]: `smc decode FILE.pcap`, one line per SMC message in a capture.
+//! - [`capture`], [`extract`], [`roce`]: reading captures, finding the TCP option, CLC
+//!   messages in TCP streams and LLC/CDC messages in RoCEv2 SENDs (used by `decode` and by
+//!   the golden-vector tests).
+
+pub mod capture;
+pub mod decode;
+pub mod extract;
+pub mod roce;
