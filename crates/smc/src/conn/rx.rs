@@ -98,6 +98,10 @@ impl Conn {
             trace!(token = self.local_token, seq = msg.seq, "stale cdc dropped");
             return CdcOutcome::Stale;
         }
+        // Received, even if its content is ignored below: SR covers it (§4.6.1), or a
+        // replay of the peer's C after a failover would look like lost data.
+        self.rx.seq_last = msg.seq;
+        self.rx.sr = msg.seq;
         // TRM-2: nothing may follow the peer's C or A.
         if self
             .cl
@@ -106,11 +110,9 @@ impl Conn {
         {
             return CdcOutcome::Ignored;
         }
-        self.rx.seq_last = msg.seq;
         if self.state == State::PeerAbortWait {
             // §4.8.2 1A: ignore all other activity, wait for the peer's A.
             if msg.conn_flags.contains(ConnStateFlags::ABORT) {
-                self.rx.sr = msg.seq;
                 self.on_peer_abort(now);
                 return CdcOutcome::Accepted;
             }
@@ -133,7 +135,6 @@ impl Conn {
         {
             return self.peer_violation(Violation::DataAfterDone, now);
         }
-        self.rx.sr = msg.seq;
 
         if cons_d > 0 {
             self.tx_peer_consumed(cons_d);
@@ -342,7 +343,9 @@ impl Conn {
                 blocked || (2 * writer_window < cap && 10 * gain >= cap)
             }
             UpdatePolicy::Linux { min_update } => {
-                let limit = (cap / 10).max(u64::from(min_update));
+                // Clamped to cap/2 so that a small RMBE still gets updates (Linux's
+                // RMBEs are at least 16 KiB, where the clamp never applies).
+                let limit = (cap / 10).max(u64::from(min_update)).min(cap / 2);
                 gain > limit && (writer_window <= cap / 2 || blocked)
             }
         }

@@ -176,7 +176,7 @@ impl Conn {
     }
 
     fn next_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        if self.state == State::Closed || self.link_failed || self.inflight.is_full() {
+        if self.link_failed || self.inflight.is_full() {
             return None;
         }
         // TRM-2: after C or A we send nothing more.
@@ -190,6 +190,13 @@ impl Conn {
         // §4.8.2 1A/2B: the abort indicator goes out before anything else.
         if self.cl.want.contains(ConnStateFlags::ABORT) {
             return Some(self.emit(0, ConnStateFlags::ABORT, now));
+        }
+        if self.state == State::Closed {
+            // Only a C whose CDC was lost in a link failure is sent again.
+            let replay_c = self.cl.want.contains(ConnStateFlags::CLOSED)
+                && !self.cl.sent.contains(ConnStateFlags::CLOSED)
+                && self.inflight.is_empty();
+            return replay_c.then(|| self.emit(0, ConnStateFlags::CLOSED, now));
         }
         if matches!(self.state, State::PeerAbortWait | State::ProcessAbort) {
             return None;
@@ -361,14 +368,21 @@ impl Conn {
                 self.tx.p_signalled = false;
             }
         }
-        if self.tx.peer_cons > self.tx.acked {
-            self.tx.acked = self.tx.peer_cons;
-        }
+        self.tx_reclaim_consumed();
         self.events |= Events::WRITABLE;
         if self.tx.app > self.tx.sent {
             self.events |= Events::TRANSMIT;
         }
         self.tx_check_hold_release();
+    }
+
+    /// Bytes the peer consumed were delivered, so their sndbuf space is free — but only
+    /// once no posted WR can still read them (a failover replay may be in flight).
+    fn tx_reclaim_consumed(&mut self) {
+        if self.inflight.is_empty() && self.tx.peer_cons > self.tx.acked {
+            self.tx.acked = self.tx.peer_cons;
+            self.events |= Events::WRITABLE;
+        }
     }
 
     /// Send completion of the CDC `seq` (and, RC being in order, of everything posted
@@ -400,6 +414,7 @@ impl Conn {
                 self.enter_closed();
             }
         }
+        self.tx_reclaim_consumed();
         if self.state != State::Closed
             && (self.tx.app > self.tx.sent || !(self.cl.want - self.cl.sent).is_empty())
         {
@@ -426,7 +441,11 @@ impl Conn {
     /// the last known-delivered position, and any D/C/A or urgent indication that was
     /// not confirmed, with seqnos above every failed one (§4.6.2, "combine" option).
     pub fn prepare_failover(&mut self) -> Option<CdcMsg> {
-        if self.state == State::Closed {
+        if self.state == State::Closed
+            && !(self.cl.sent - self.cl.confirmed).contains(ConnStateFlags::CLOSED)
+        {
+            self.inflight.clear();
+            self.link_failed = false;
             return None;
         }
         let lost = self.inflight.len;
@@ -435,6 +454,10 @@ impl Conn {
         // Bytes the peer consumed were delivered even if their completion was lost.
         self.tx.acked = self.tx.acked.max(self.tx.peer_cons);
         self.tx.sent = self.tx.acked;
+        if self.error.is_some() || self.state == State::Closed {
+            // Aborting or closed: unconfirmed data is not replayed, only the flags.
+            self.tx.app = self.tx.sent;
+        }
         if let Some(h) = self.tx.hold {
             if h >= self.tx.sent {
                 // The urgent byte is replayed: announce it again.
