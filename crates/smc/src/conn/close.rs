@@ -224,7 +224,8 @@ impl Conn {
 
     /// Connection-state flags from the peer (Fig 22 3B, 3C, 3D, 4A, 4D; Fig 23 2A).
     pub(super) fn on_peer_conn_flags(&mut self, flags: ConnStateFlags, now: Instant) {
-        let new = flags - self.cl.peer;
+        // Reserved bits are ignored (CHECKLIST AMB-37).
+        let new = (flags & ConnStateFlags::all()) - self.cl.peer;
         if new.is_empty() {
             return;
         }
@@ -259,7 +260,7 @@ impl Conn {
                 }
             }
             State::PeerCloseWait1 => self.set_state(State::PeerCloseWait2, now), // 3B
-            State::PeerFinCloseWait if closed => self.enter_closed(),           // 4D
+            State::PeerFinCloseWait if closed => self.enter_closed(),            // 4D
             // AppCloseWait1/2: remember the C for 4C (TRM-4).
             _ => {}
         }

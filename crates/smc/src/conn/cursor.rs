@@ -95,7 +95,7 @@ impl RmbeGeometry {
     }
 
     /// Element length in bytes (the decoded Bsize).
-    pub const fn len(&self) -> u32 {
+    pub const fn elem_len(&self) -> u32 {
         self.len
     }
 
@@ -215,8 +215,16 @@ mod tests {
         let g = rfc10k();
         let a = Cursor::new(5, 1234);
         assert_eq!(g.dist(a, a), 0, "equal wraps: empty");
-        assert_eq!(g.dist(a, Cursor::new(6, 1234)), u64::from(g.cap()), "wrap+1: full");
-        assert_eq!(g.dist_within_cap(a, Cursor::new(7, 1234)), None, "two wraps: invalid");
+        assert_eq!(
+            g.dist(a, Cursor::new(6, 1234)),
+            u64::from(g.cap()),
+            "wrap+1: full"
+        );
+        assert_eq!(
+            g.dist_within_cap(a, Cursor::new(7, 1234)),
+            None,
+            "two wraps: invalid"
+        );
         // Linux geometry behaves the same way with data at offset 0.
         let l = RmbeGeometry::linux(9996).unwrap();
         let z = Cursor::new(0, 0);

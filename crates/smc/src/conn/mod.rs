@@ -547,10 +547,14 @@ impl Conn {
             return Err(ConnError::InvalidParams("sndbuf length is zero"));
         }
         if !params.peer_rmbe.is_valid(params.tx_start) {
-            return Err(ConnError::InvalidParams("tx start cursor outside the peer RMBE"));
+            return Err(ConnError::InvalidParams(
+                "tx start cursor outside the peer RMBE",
+            ));
         }
         if !params.local_rmbe.is_valid(params.rx_start) {
-            return Err(ConnError::InvalidParams("rx start cursor outside the local RMBE"));
+            return Err(ConnError::InvalidParams(
+                "rx start cursor outside the local RMBE",
+            ));
         }
         if cfg.max_inflight == 0 {
             return Err(ConnError::InvalidParams("max_inflight is zero"));
@@ -650,7 +654,10 @@ impl Conn {
         if self.tx.stall_deadline.is_some_and(|d| d <= now) {
             self.tx.stall_deadline = None;
             if self.tx_blocked() {
-                debug!(token = self.local_token, "writer stalled, requesting a consumer update");
+                debug!(
+                    token = self.local_token,
+                    "writer stalled, requesting a consumer update"
+                );
                 self.tx.r_active = true;
                 self.tx.r_needed = true;
                 self.events |= Events::TRANSMIT;

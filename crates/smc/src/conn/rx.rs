@@ -25,7 +25,11 @@ pub(super) enum RxUrgent {
     Pending,
     /// U seen: the urgent byte is at stream index `mark`; its value was latched when
     /// the CDC arrived, before our consumer cursor could let the writer reuse the slot.
-    Valid { mark: u64, byte: u8, oob_read: bool },
+    Valid {
+        mark: u64,
+        byte: u8,
+        oob_read: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -222,7 +226,12 @@ impl Conn {
             self.abort_with(AbortReason::FailoverDataLoss, now, true);
             return CdcOutcome::Aborted(AbortReason::FailoverDataLoss);
         }
-        trace!(token = self.local_token, sr = self.rx.sr, seq = msg.seq, "failover validated");
+        trace!(
+            token = self.local_token,
+            sr = self.rx.sr,
+            seq = msg.seq,
+            "failover validated"
+        );
         CdcOutcome::FailoverValidated
     }
 
@@ -339,9 +348,7 @@ impl Conn {
         // The writer's window as the writer sees it: from the last cursor we sent.
         let writer_window = cap.saturating_sub(self.rx.prod.saturating_sub(self.rx.cons_sent));
         match self.cfg.update_policy {
-            UpdatePolicy::Rfc => {
-                blocked || (2 * writer_window < cap && 10 * gain >= cap)
-            }
+            UpdatePolicy::Rfc => blocked || (2 * writer_window < cap && 10 * gain >= cap),
             UpdatePolicy::Linux { min_update } => {
                 // Clamped to cap/2 so that a small RMBE still gets updates (Linux's
                 // RMBEs are at least 16 KiB, where the clamp never applies).

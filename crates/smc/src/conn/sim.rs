@@ -142,7 +142,7 @@ impl Host {
             params.tx_start = c;
         }
         let conn = Conn::new(params, cfg.conn.clone()).expect("simulator host parameters");
-        let len = cfg.rmbe.len() as usize;
+        let len = cfg.rmbe.elem_len() as usize;
         let mut rmbe = vec![0u8; len];
         let h = cfg.rmbe.data_off() as usize;
         for (i, b) in rmbe[..h].iter_mut().enumerate() {
@@ -188,7 +188,10 @@ impl Host {
             .all(|(i, &b)| b == EYE_CATCHER[i % 4])
     }
 
-    fn collect(&mut self) {
+    /// Pull the connection's events into [`Host::events`] and release the RMBE slots of
+    /// consumed bytes. The simulator does this itself; call it after driving `conn`
+    /// directly.
+    pub fn collect(&mut self) {
         self.events |= self.conn.take_events();
         // Release the tags of consumed bytes (including a skipped urgent byte).
         let consumed = self.conn.rx_consumed();
@@ -303,7 +306,9 @@ impl Sim {
                 got += 1;
             }
         }
-        h.conn.rx_consume(got as u32).expect("consume of offered data");
+        h.conn
+            .rx_consume(got as u32)
+            .expect("consume of offered data");
         h.collect();
         got
     }
@@ -577,7 +582,8 @@ impl Sim {
 /// Carry out one RDMA WRITE from `s`'s sndbuf into `r`'s RMBE, checking the invariants.
 fn place(s: &Host, r: &mut Host, w: &RmbeWrite, faults: &mut Vec<String>) {
     let g = r.geometry;
-    if w.dst_off < g.data_off() || u64::from(w.dst_off) + u64::from(w.len) > u64::from(g.len()) {
+    if w.dst_off < g.data_off() || u64::from(w.dst_off) + u64::from(w.len) > u64::from(g.elem_len())
+    {
         faults.push(format!("write {w:?} outside the data area of {g:?}"));
         return;
     }
@@ -724,7 +730,10 @@ pub fn run_random(
     let inline = [a.conn.oob_inline, b.conn.oob_inline];
     let mut sim = Sim::new(a, b);
     let mut rng = Rng::new(seed);
-    let target = [rng.below(opts.max_stream + 1), rng.below(opts.max_stream + 1)];
+    let target = [
+        rng.below(opts.max_stream + 1),
+        rng.below(opts.max_stream + 1),
+    ];
     let abort_step = opts
         .abort
         .then(|| rng.below(opts.steps as u64 + 1) as usize);
@@ -829,7 +838,10 @@ pub fn run_random(
     // round per byte.
     let rounds = 4 * opts.max_stream + 10_000;
     for round in 0..rounds {
-        if sides.iter().all(|&s| sim.host(s).conn.state() == State::Closed) {
+        if sides
+            .iter()
+            .all(|&s| sim.host(s).conn.state() == State::Closed)
+        {
             break;
         }
         let before = progress_marker(&sim);
@@ -905,9 +917,11 @@ pub fn run_random(
                     want.len()
                 ));
             }
-            if !r.oob.iter().all(|b| {
-                s.urgent_sent.iter().any(|&i| s.stream_byte(i) == *b)
-            }) {
+            if !r
+                .oob
+                .iter()
+                .all(|b| s.urgent_sent.iter().any(|&i| s.stream_byte(i) == *b))
+            {
                 return Err(format!("seed {seed}: {rx:?} read an OOB byte never sent"));
             }
         }

@@ -312,7 +312,7 @@ impl Conn {
             let dst_off = self.peer.offset_of(self.tx.p0 + s);
             let len = (n - done)
                 .min(u64::from(self.sndbuf_len - src_off))
-                .min(u64::from(self.peer.len() - dst_off));
+                .min(u64::from(self.peer.elem_len() - dst_off));
             // n ≤ min(sndbuf_len, cap): each ring wraps at most once, so ≤ 3 pieces.
             t.writes[usize::from(t.n_writes)] = RmbeWrite {
                 src_off,

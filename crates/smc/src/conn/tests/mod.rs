@@ -109,6 +109,19 @@ pub(super) fn send_and_receive(sim: &mut Sim, from: Side) -> Vec<TraceItem> {
     sim.take_trace()
 }
 
+/// Let both applications read everything and the link carry everything until idle.
+pub(super) fn settle(sim: &mut Sim) {
+    for _ in 0..100_000 {
+        sim.flush();
+        let n = sim.read_all(Side::A) + sim.read_all(Side::B);
+        sim.flush();
+        if n == 0 && sim.in_flight(Side::A) == 0 && sim.in_flight(Side::B) == 0 {
+            return;
+        }
+    }
+    panic!("simulation did not settle");
+}
+
 pub(super) fn pf_none() -> ProducerFlags {
     ProducerFlags::empty()
 }

@@ -88,7 +88,11 @@ fn tc_flow_03_scenario3_constrained_update() {
             },
         );
         sim.read(Side::B, 10_000);
-        assert_eq!(sim.post(Side::B), 0, "window 6,996 is not constrained ({v:?})");
+        assert_eq!(
+            sim.post(Side::B),
+            0,
+            "window 6,996 is not constrained ({v:?})"
+        );
         sim.write(Side::A, 4000, false);
         let t = send_and_receive(&mut sim, Side::A);
         check(
@@ -105,7 +109,11 @@ fn tc_flow_03_scenario3_constrained_update() {
         );
         sim.read(Side::B, 10_000);
         let t = send_and_receive(&mut sim, Side::B);
-        assert_eq!(t.len(), 1, "window 2,996 < 4,998 and gain 7,000: update ({v:?})");
+        assert_eq!(
+            t.len(),
+            1,
+            "window 2,996 < 4,998 and gain 7,000: update ({v:?})"
+        );
         check(
             &t[0],
             Expect {
@@ -231,7 +239,11 @@ fn tc_urg_01_scenario5_trace() {
         );
         // The application then sends 1,000 normal bytes: copied, not written yet.
         assert_eq!(sim.write(Side::A, 1000, false), 1000);
-        assert_eq!(sim.post(Side::A), 0, "no RDMA write before the urgent data is consumed");
+        assert_eq!(
+            sim.post(Side::A),
+            0,
+            "no RDMA write before the urgent data is consumed"
+        );
         // B: OOB notification, then it reads up to the mark and the urgent byte.
         assert!(sim.b.events.contains(Events::URGENT));
         assert!(sim.b.conn.urgent_pending());
