@@ -3,6 +3,7 @@
 
 mod failover;
 mod flow;
+mod hostile;
 mod random;
 mod scenarios;
 mod term;
