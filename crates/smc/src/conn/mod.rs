@@ -672,7 +672,21 @@ impl Conn {
     /// Record an abnormal end (first reason wins) and wake everyone.
     fn set_error(&mut self, e: ConnError) {
         if self.error.is_none() {
-            warn!(token = self.local_token, error = %e, "conn failed");
+            // Application aborts and resets are routine; the rest deserve attention.
+            let routine = matches!(
+                e,
+                ConnError::Aborted(
+                    AbortReason::Local
+                        | AbortReason::UnreadDataOnClose
+                        | AbortReason::PeerAbort
+                        | AbortReason::TcpReset
+                )
+            );
+            if routine {
+                debug!(token = self.local_token, error = %e, "conn aborted");
+            } else {
+                warn!(token = self.local_token, error = %e, "conn failed");
+            }
             self.error = Some(e);
         }
         self.events |= Events::ERROR | Events::READABLE | Events::WRITABLE;
