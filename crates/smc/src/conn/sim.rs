@@ -226,6 +226,10 @@ pub struct Sim {
 
 impl Sim {
     /// Two connected hosts.
+    ///
+    /// # Panics
+    ///
+    /// If a host configuration is refused by [`Conn::new`] (a test-setup error).
     pub fn new(a: HostConfig, b: HostConfig) -> Sim {
         Sim {
             a: Host::new(&a, &b, TOKEN_A, TOKEN_B, 0x5EED_000A),

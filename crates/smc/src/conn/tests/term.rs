@@ -605,3 +605,11 @@ fn state_names_are_linux_names() {
     assert_eq!(State::Active.linux_code(), 1);
     assert_eq!(State::Closed.linux_code(), 7);
 }
+
+/// The runtime holds a connection under a mutex and calls it from any thread.
+#[test]
+fn conn_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Conn>();
+    check::<Transmit>();
+}
