@@ -2,3 +2,5 @@
 //! urgent data, termination and TCP fallback, behind a `std::net`-shaped API.
 //!
 //! See `docs/core-design.md` for the module map and the threading model.
+
+pub mod conn;
