@@ -39,6 +39,8 @@ fn main() {
         panic!("smc-bpf: cannot run `{clang}` to build {src}: {e} (run scripts/setup.sh: it installs clang and libbpf-dev)")
     });
     if !status.success() {
-        panic!("smc-bpf: `{clang}` failed to compile {src} ({status}); see the compiler output above");
+        panic!(
+            "smc-bpf: `{clang}` failed to compile {src} ({status}); see the compiler output above"
+        );
     }
 }

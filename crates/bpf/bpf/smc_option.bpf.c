@@ -352,13 +352,26 @@ int smc_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
 		if (!wants_option(skops, &is_synack))
 			break;
-		/* Fails with -ENOSPC when our reservation failed; then the
-		 * option is simply absent, as recorded above. */
-		err = bpf_store_hdr_opt(skops, smcr_option, SMCR_OPT_LEN, 0);
-		if (!is_synack) {
+		/* The space all programs reserved is one pool: when our own
+		 * reservation failed, another program's unused space could
+		 * still take the option. Write only what we reserved, so that
+		 * what goes out matches what was recorded above. */
+		if (is_synack) {
+			struct conn_key k = {};
+
+			conn_key_of(skops, &k);
+			if (bpf_map_lookup_elem(&smc_nospace, &k))
+				break;
+			bpf_store_hdr_opt(skops, smcr_option, SMCR_OPT_LEN, 0);
+		} else {
 			st = marked_state(skops);
-			if (st && !err)
+			if (!st || (st->status & SMC_ST_NOSPACE))
+				break;
+			err = bpf_store_hdr_opt(skops, smcr_option, SMCR_OPT_LEN, 0);
+			if (!err)
 				st->status |= SMC_ST_SENT;
+			else
+				note_error(st, err);
 		}
 		break;
 

@@ -53,7 +53,8 @@ fn ensure_bpffs(paths: &PinPaths) -> Result<PathBuf> {
         Err(e) => return Err(e).with_context(|| format!("cannot stat {}", parent.display())),
     }
     tracing::info!(at = %parent.display(), "mounting bpffs");
-    sys::mount_bpffs(&parent).with_context(|| format!("cannot mount bpffs at {}", parent.display()))?;
+    sys::mount_bpffs(&parent)
+        .with_context(|| format!("cannot mount bpffs at {}", parent.display()))?;
     Ok(parent)
 }
 
@@ -112,7 +113,8 @@ pub fn install(opts: &InstallOptions) -> Result<Status> {
         let mut link = prog
             .attach_cgroup(cg.as_raw_fd())
             .with_context(|| format!("cannot attach to cgroup {}", cgroup.display()))?;
-        link.pin(paths.link()).context("cannot pin the cgroup link")?;
+        link.pin(paths.link())
+            .context("cannot pin the cgroup link")?;
         // The pin keeps the attachment alive after this process exits.
         link.disconnect();
         set_permissions(paths, gid, &bpffs)
@@ -249,7 +251,9 @@ pub fn status(paths: &PinPaths) -> Result<Status> {
     }
     match sys::pinned_prog_info(&paths.prog()) {
         Ok(p) => st.prog = Some(p),
-        Err(e) => st.problems.push(format!("program {}: {e}", paths.prog().display())),
+        Err(e) => st
+            .problems
+            .push(format!("program {}: {e}", paths.prog().display())),
     }
     match Link::open(paths.link()) {
         Ok(mut link) => {
@@ -258,7 +262,8 @@ pub fn status(paths: &PinPaths) -> Result<Status> {
                     let cg = match info.info {
                         LinkTypeInfo::Cgroup(c) => c.cgroup_id,
                         _ => {
-                            st.problems.push("the pinned link is not a cgroup link".into());
+                            st.problems
+                                .push("the pinned link is not a cgroup link".into());
                             0
                         }
                     };
@@ -283,7 +288,9 @@ pub fn status(paths: &PinPaths) -> Result<Status> {
             // pinned link, but say so explicitly.
             link.disconnect();
         }
-        Err(e) => st.problems.push(format!("link {}: {e}", paths.link().display())),
+        Err(e) => st
+            .problems
+            .push(format!("link {}: {e}", paths.link().display())),
     }
     match MapHandle::from_pinned_path(paths.map()) {
         Ok(m) => match m.info() {
@@ -294,7 +301,9 @@ pub fn status(paths: &PinPaths) -> Result<Status> {
             }
             Err(e) => st.problems.push(format!("map info: {e}")),
         },
-        Err(e) => st.problems.push(format!("map {}: {e}", paths.map().display())),
+        Err(e) => st
+            .problems
+            .push(format!("map {}: {e}", paths.map().display())),
     }
     Ok(st)
 }

@@ -76,9 +76,14 @@ impl fmt::Display for NotAnnounced {
                  (marked too late, or outside the attached cgroup)"
             ),
             NotAnnounced::HandshakeNotSeen => write!(f, "TCP handshake not complete yet"),
-            NotAnnounced::NoOptionSpace => write!(f, "no TCP option space left for the SMC-R option"),
+            NotAnnounced::NoOptionSpace => {
+                write!(f, "no TCP option space left for the SMC-R option")
+            }
             NotAnnounced::SynCookie => {
-                write!(f, "connection accepted from a SYN cookie (no option echoed)")
+                write!(
+                    f,
+                    "connection accepted from a SYN cookie (no option echoed)"
+                )
             }
             NotAnnounced::NotWritten => write!(f, "the SMC-R option was not written"),
             NotAnnounced::HelperError(e) => write!(

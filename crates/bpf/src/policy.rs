@@ -136,7 +136,10 @@ impl FromStr for PeerPattern {
             let (inner, after) = rest.split_once(']').ok_or_else(|| err("missing `]`"))?;
             let port = match after {
                 "" => None,
-                a => Some(a.strip_prefix(':').ok_or_else(|| err("expected `:PORT` after `]`"))?),
+                a => Some(
+                    a.strip_prefix(':')
+                        .ok_or_else(|| err("expected `:PORT` after `]`"))?,
+                ),
             };
             (inner, port)
         } else if s.matches(':').count() >= 2 {

@@ -27,7 +27,10 @@ pub fn fs_magic(p: &Path) -> io::Result<i64> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: statfs returned 0, so the struct is initialised.
-    Ok(unsafe { st.assume_init() }.f_type as i64)
+    let f_type = unsafe { st.assume_init() }.f_type;
+    // f_type is an i64 on x86-64 but narrower on other architectures.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(f_type as i64)
 }
 
 /// Mount points of `fstype` listed in /proc/self/mountinfo.
@@ -51,7 +54,10 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -65,9 +71,10 @@ fn unescape_mountinfo(s: &str) -> String {
 
 /// The root of the cgroup v2 hierarchy (the first cgroup2 mount).
 pub fn cgroup2_root() -> io::Result<PathBuf> {
-    mounts_of_type("cgroup2")?.into_iter().next().ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, "no cgroup2 filesystem is mounted")
-    })
+    mounts_of_type("cgroup2")?
+        .into_iter()
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cgroup2 filesystem is mounted"))
 }
 
 /// Finds the cgroup v2 directory whose inode number is `id` (on cgroup2 the
@@ -173,7 +180,11 @@ pub fn group_name(gid: u32) -> Option<String> {
     // SAFETY: getgrgid_r succeeded; gr_name points into `buf`, still alive.
     let g = unsafe { grp.assume_init() };
     // SAFETY: gr_name is a NUL-terminated string inside `buf`.
-    Some(unsafe { CStr::from_ptr(g.gr_name) }.to_string_lossy().into_owned())
+    Some(
+        unsafe { CStr::from_ptr(g.gr_name) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 /// Identity of a pinned program.

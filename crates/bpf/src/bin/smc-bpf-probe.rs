@@ -25,7 +25,10 @@ use smc_bpf::{NotAnnounced, Outcome, PinPaths, SmcOption};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 #[derive(Parser)]
-#[command(name = "smc-bpf-probe", about = "TCP peer that reports the SMC-R option outcome")]
+#[command(
+    name = "smc-bpf-probe",
+    about = "TCP peer that reports the SMC-R option outcome"
+)]
 struct Cli {
     /// Pin directory of the installation [default: $SMC_RS_BPF_DIR or /sys/fs/bpf/smc-rs]
     #[arg(long, global = true)]
@@ -222,11 +225,7 @@ fn main() -> Result<()> {
                 }
             }
             s.listen(128)?;
-            let port = s
-                .local_addr()?
-                .as_socket()
-                .context("local address")?
-                .port();
+            let port = s.local_addr()?.as_socket().context("local address")?.port();
             println!("listening port={port}");
             std::io::stdout().flush()?;
             for _ in 0..count {

@@ -5,7 +5,11 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "smc-bpf", version, about = "Manage the SMC-R TCP option eBPF program")]
+#[command(
+    name = "smc-bpf",
+    version,
+    about = "Manage the SMC-R TCP option eBPF program"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: smc_bpf::cli::BpfCommand,
@@ -13,7 +17,9 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     smc_bpf::route_libbpf_logs();
