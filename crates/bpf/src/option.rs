@@ -276,3 +276,65 @@ fn check_fresh_tcp(fd: BorrowedFd<'_>) -> Result<(), MarkError> {
         Err(e) => Err(MarkError::Socket(e)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use socket2::{Domain, Socket};
+
+    #[test]
+    fn open_without_installation_is_unavailable() {
+        let dir = std::env::temp_dir().join(format!("smc-bpf-none-{}", std::process::id()));
+        let err = SmcOption::open_at(&PinPaths::new(&dir)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("SMC-R option unavailable: eBPF program not installed"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn mark_checks_the_socket() {
+        let udp = Socket::new(Domain::IPV4, Type::DGRAM, None).unwrap();
+        assert!(matches!(
+            check_fresh_tcp(udp.as_fd()),
+            Err(MarkError::NotTcp)
+        ));
+
+        let fresh = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        assert!(check_fresh_tcp(fresh.as_fd()).is_ok());
+
+        let l = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        l.bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+        l.listen(1).unwrap();
+        assert!(matches!(
+            check_fresh_tcp(l.as_fd()),
+            Err(MarkError::TooLate("listening"))
+        ));
+
+        let c = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        c.connect(&l.local_addr().unwrap()).unwrap();
+        assert!(matches!(
+            check_fresh_tcp(c.as_fd()),
+            Err(MarkError::TooLate("connected"))
+        ));
+    }
+
+    #[test]
+    fn display_texts() {
+        let u = Outcome::Unavailable {
+            reason: Unavailable::new("x"),
+        };
+        assert_eq!(u.to_string(), "SMC-R option unavailable: x");
+        assert!(!u.both_announced());
+        assert!(Outcome::BothAnnounced.both_announced());
+        let h = NotAnnounced::HelperError(-28).to_string();
+        assert!(h.contains("No space left"), "{h}");
+    }
+}
