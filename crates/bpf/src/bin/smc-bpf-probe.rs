@@ -3,8 +3,8 @@
 //! handshake's [`Outcome`] as one `key=value` line per connection.
 //!
 //! ```text
-//! smc-bpf-probe server --listen 10.0.0.1:0 [--mark] [--count N] [--fastopen] [--md5 KEY --md5-peer IP]
-//! smc-bpf-probe client --connect 10.0.0.1:PORT [--mark] [--fastopen] [--md5 KEY]
+//! smc-bpf-probe server --listen 10.0.0.1:0 [--mark] [--count N] [--fastopen] [--md5 KEY --md5-peer IP] [--no-data]
+//! smc-bpf-probe client --connect 10.0.0.1:PORT [--mark] [--fastopen] [--md5 KEY] [--no-data]
 //! ```
 //!
 //! The server prints `listening port=P` once it listens, then
@@ -57,6 +57,10 @@ enum Cmd {
         md5: Option<String>,
         #[arg(long)]
         md5_peer: Option<IpAddr>,
+        /// Report right after accept() and close, without reading (for
+        /// peers that speak CLC, e.g. the Linux kernel's SMC client).
+        #[arg(long)]
+        no_data: bool,
     },
     /// Connect once and report the outcome.
     Client {
@@ -71,6 +75,10 @@ enum Cmd {
         /// TCP MD5 signature key for the server's address.
         #[arg(long)]
         md5: Option<String>,
+        /// Report right after connect() and close, without sending (for
+        /// peers that speak CLC, e.g. the Linux kernel's SMC server).
+        #[arg(long, conflicts_with = "fastopen")]
+        no_data: bool,
     },
 }
 
@@ -204,6 +212,7 @@ fn main() -> Result<()> {
             fastopen,
             md5,
             md5_peer,
+            no_data,
         } => {
             let opt = open_option(&cli.pin_dir);
             let s = Socket::new(Domain::for_address(listen), Type::STREAM, None)?;
@@ -232,6 +241,14 @@ fn main() -> Result<()> {
                 let (c, peer) = s.accept().context("accept")?;
                 let (o, raw) = outcome_of(&opt, &c);
                 let peer = peer.as_socket().map(|p| p.to_string()).unwrap_or_default();
+                if no_data {
+                    println!(
+                        "accepted peer={peer} outcome={} state={raw} detail=\"{o}\"",
+                        tag(&o)
+                    );
+                    std::io::stdout().flush()?;
+                    continue;
+                }
                 c.set_read_timeout(timeout)?;
                 c.set_write_timeout(timeout)?;
                 let mut line = String::new();
@@ -250,6 +267,7 @@ fn main() -> Result<()> {
             mark,
             fastopen,
             md5,
+            no_data,
         } => {
             let opt = open_option(&cli.pin_dir);
             let s = Socket::new(Domain::for_address(connect), Type::STREAM, None)?;
@@ -269,6 +287,12 @@ fn main() -> Result<()> {
             s.set_write_timeout(timeout)?;
             s.connect_timeout(&connect.into(), Duration::from_secs(10))
                 .context("connect")?;
+            if no_data {
+                // Without Fast Open, connect() returns after the handshake.
+                let (o, raw) = outcome_of(&opt, &s);
+                println!("connected outcome={} state={raw} detail=\"{o}\"", tag(&o));
+                return Ok(());
+            }
             // With TCP_FASTOPEN_CONNECT the SYN leaves with this write.
             (&s).write_all(b"hello\n")?;
             let mut line = String::new();
