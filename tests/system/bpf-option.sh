@@ -43,6 +43,9 @@ CG=$CG_ROOT/smc-bpf-test-$ID
 WORK=$(mktemp -d /tmp/smc-bpf-test.XXXXXX)
 PCAP=$WORK/cap.pcap
 PIDS=()
+# `install --group` may add o+x to the bpffs mount point: restore it on exit.
+BPFFS_MODE=$(stat -c %a /sys/fs/bpf 2>/dev/null)
+BPFFS_WAS=$(stat -f -c %T /sys/fs/bpf 2>/dev/null)
 
 cleanup() {
   local p
@@ -62,6 +65,9 @@ cleanup() {
     while read -r p; do echo "$p" > "$CG_ROOT/cgroup.procs" 2>/dev/null; done < "$cg/cgroup.procs"
     rmdir "$cg" 2>/dev/null
   done
+  # (When install mounted it, it stays mounted, with install's mode 0700.)
+  if [ "$BPFFS_WAS" = bpf_fs ] && [ -n "$BPFFS_MODE" ]; then chmod "$BPFFS_MODE" /sys/fs/bpf
+  elif [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" = bpf_fs ]; then chmod 700 /sys/fs/bpf; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -124,7 +130,7 @@ run_case() {
     "${S_CG:-$CG}" "$NS_S" "$PROBE" --pin-dir "$PIN" server --listen "$listen" --count "$count" $sargs \
     > "$WORK/$name.srv" 2>&1 &
   local sp=$!
-  for _ in $(seq 100); do grep -q "^listening" "$WORK/$name.srv" && break; sleep 0.05; done
+  for _ in $(seq 100); do grep -q "^listening" "$WORK/$name.srv" 2>/dev/null && break; sleep 0.05; done
   port=$(sed -n 's/^listening port=//p' "$WORK/$name.srv")
   echo "$port" > "$WORK/$name.port"
   : > "$WORK/$name.cli"
@@ -196,7 +202,7 @@ craft_case() {
   timeout 30 bash -c 'echo $$ > "$0/cgroup.procs" && exec nsenter --net=/run/netns/"$1" "${@:2}"' \
     "$CG" "$NS_S" "$PROBE" --pin-dir "$PIN" server --listen 10.231.0.2:0 --mark > "$WORK/$name.srv" 2>&1 &
   local sp=$!
-  for _ in $(seq 100); do grep -q "^listening" "$WORK/$name.srv" && break; sleep 0.05; done
+  for _ in $(seq 100); do grep -q "^listening" "$WORK/$name.srv" 2>/dev/null && break; sleep 0.05; done
   port=$(sed -n 's/^listening port=//p' "$WORK/$name.srv")
   echo "$port" > "$WORK/$name.port"
   timeout 20 ip netns exec "$NS_C" python3 tests/system/bpf-craft-syn.py vc 10.231.0.99 10.231.0.2 "$port" "$opts" \
@@ -283,7 +289,7 @@ run_case_nobody() {
   timeout 30 bash -c 'echo $$ > "$0/cgroup.procs" && exec nsenter --net=/run/netns/"$1" "${@:2}"' \
     "$CG" "$NS_S" "$PROBE" --pin-dir "$PIN" server --listen 10.231.0.2:0 --mark > "$WORK/$name.srv" 2>&1 &
   local sp=$!
-  for _ in $(seq 100); do grep -q "^listening" "$WORK/$name.srv" && break; sleep 0.05; done
+  for _ in $(seq 100); do grep -q "^listening" "$WORK/$name.srv" 2>/dev/null && break; sleep 0.05; done
   local port; port=$(sed -n 's/^listening port=//p' "$WORK/$name.srv")
   timeout 20 bash -c 'echo $$ > "$0/cgroup.procs" && exec nsenter --net=/run/netns/"$1" "${@:2}"' \
     "$CG" "$NS_C" setpriv --reuid=nobody --regid=nogroup --clear-groups \
