@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Crafted SYN for tests/system/bpf-option.sh (needs scapy and root).
+"""Crafted handshakes for tests/system/bpf-option.sh (needs scapy and root).
 
-Sends an IPv4 SYN whose TCP options are given as hex (e.g. another kind-254
-option before the SMC-R one), from an address that the local kernel does not
-own (so that it does not answer the SYN-ACK with a RST). Prints the SYN-ACK's
-TCP options as hex, then completes the handshake and sends one line so that
-the server's accept() and read() return.
+syn IFACE SRC_IP DST_IP DST_PORT OPTIONS_HEX
+    Sends an IPv4 SYN whose TCP options are given as hex (e.g. another
+    kind-254 option before the SMC-R one), from an address that the local
+    kernel does not own (so that it does not answer the SYN-ACK with a RST).
+    Prints `synack-options=<hex>`, then completes the handshake and sends one
+    line so that the server's accept() and read() return.
 
-usage: bpf-craft-syn.py IFACE SRC_IP DST_IP DST_PORT OPTIONS_HEX
-prints: synack-options=<hex>   exit 0; exit 1 when no SYN-ACK came
+synack IFACE LISTEN_IP LISTEN_PORT OPTIONS_HEX
+    Plays a server at an address the local kernel does not own: answers the
+    first SYN to LISTEN_IP:LISTEN_PORT with a SYN-ACK carrying the given
+    options, prints `syn-options=<hex>`, then answers the client's first data
+    segment with the line `server-outcome=crafted`.
+
+Exit 1 when the expected packet did not come.
 """
 import random
 import socket
@@ -40,8 +46,55 @@ def tcp_segment(src, dst, sport, dport, seq, ack, flags, opts=b"", payload=b""):
     return seg[:16] + struct.pack("!H", c) + seg[18:]
 
 
+def sniff_one(iface, match, timeout=10):
+    sniffer = AsyncSniffer(iface=iface, count=1, lfilter=match)
+    sniffer.start()
+    # Give the sniffer's socket time to open before anything is sent.
+    time.sleep(0.5)
+    return sniffer
+
+
+def finish(sniffer, timeout=10):
+    sniffer.join(timeout=timeout)
+    if sniffer.running:
+        sniffer.stop()
+    return sniffer.results[0] if sniffer.results else None
+
+
+def play_server(iface, lip, lport, opts_hex) -> int:
+    lport = int(lport)
+    conf.verb = 0
+    s = sniff_one(iface, lambda p: IP in p and TCP in p and p[IP].dst == lip
+                  and p[TCP].dport == lport and (int(p[TCP].flags) & 0x12) == 0x02)
+    syn = finish(s, 15)
+    if syn is None:
+        print("no SYN", file=sys.stderr)
+        return 1
+    t = syn[TCP]
+    print("syn-options=" + bytes(t)[20 : t.dataofs * 4].hex(), flush=True)
+    cip, cport, isn = syn[IP].src, t.sport, random.randint(0, 2**31)
+    data_sniffer = sniff_one(iface, lambda p: IP in p and TCP in p and p[IP].dst == lip
+                             and p[TCP].dport == lport and p[TCP].sport == cport
+                             and len(p[TCP].payload) > 0)
+    sa = tcp_segment(lip, cip, lport, cport, isn, t.seq + 1, 0x12, bytes.fromhex(opts_hex))
+    send(IP(src=lip, dst=cip, proto=6) / Raw(sa), iface=iface)
+    data = finish(data_sniffer)
+    if data is None:
+        print("no data from the client", file=sys.stderr)
+        return 1
+    d = data[TCP]
+    # Raw(load) when scapy did not decode the payload further.
+    n = len(bytes(d.payload))
+    reply = tcp_segment(lip, cip, lport, cport, isn + 1, d.seq + n, 0x18,
+                        payload=b"server-outcome=crafted\n")
+    send(IP(src=lip, dst=cip, proto=6) / Raw(reply), iface=iface)
+    return 0
+
+
 def main() -> int:
-    iface, src, dst, dport, opts_hex = sys.argv[1:6]
+    if sys.argv[1] == "synack":
+        return play_server(*sys.argv[2:6])
+    iface, src, dst, dport, opts_hex = sys.argv[2:7]
     dport = int(dport)
     conf.verb = 0
     sport = random.randint(20000, 60000)

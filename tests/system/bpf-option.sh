@@ -116,7 +116,7 @@ in_ns() {
 
 ip netns exec "$NS_S" tcpdump -i vs -U -s 200 -w "$PCAP" tcp >/dev/null 2>"$WORK/tcpdump.err" &
 PIDS+=($!)
-for _ in $(seq 50); do grep -q "listening on" "$WORK/tcpdump.err" && break; sleep 0.1; done
+for _ in $(seq 50); do grep -q "listening on" "$WORK/tcpdump.err" 2>/dev/null && break; sleep 0.1; done
 
 # run_case NAME ADDR_SERVER SERVER_ARGS CLIENT_ARGS [COUNT]
 # Starts a server (in cgroup $S_CG, default $CG), runs COUNT clients (in
@@ -205,7 +205,7 @@ craft_case() {
   for _ in $(seq 100); do grep -q "^listening" "$WORK/$name.srv" 2>/dev/null && break; sleep 0.05; done
   port=$(sed -n 's/^listening port=//p' "$WORK/$name.srv")
   echo "$port" > "$WORK/$name.port"
-  timeout 20 ip netns exec "$NS_C" python3 tests/system/bpf-craft-syn.py vc 10.231.0.99 10.231.0.2 "$port" "$opts" \
+  timeout 20 ip netns exec "$NS_C" python3 tests/system/bpf-craft-syn.py syn vc 10.231.0.99 10.231.0.2 "$port" "$opts" \
     > "$WORK/$name.cli" 2>&1
   wait "$sp"
 }
@@ -225,6 +225,36 @@ if grep -q "^synack-options=" "$WORK/craft-badlen.cli" \
   ok "SMC-R ExID with length 8: ignored, no echo"
 else
   fail "SMC-R ExID with length 8"; cat "$WORK/craft-badlen.cli" "$WORK/craft-badlen.srv"
+fi
+
+# The client side: a crafted SYN-ACK (from an address the server kernel does
+# not own) with the TFO experimental option before ours.
+SMAC=$(ip -n "$NS_S" -j link show vs | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["address"])')
+ip -n "$NS_C" neigh replace 10.231.0.98 lladdr "$SMAC" dev vc
+craft_synack() {
+  local name=$1 opts=$2
+  timeout 30 ip netns exec "$NS_S" python3 tests/system/bpf-craft-syn.py synack vs 10.231.0.98 7777 "$opts" \
+    > "$WORK/$name.srv" 2>&1 &
+  local sp=$!
+  sleep 1.5  # the sniffer starts
+  timeout 20 bash -c 'echo $$ > "$0/cgroup.procs" && exec nsenter --net=/run/netns/"$1" "${@:2}"' \
+    "$CG" "$NS_C" "$PROBE" --pin-dir "$PIN" client --connect 10.231.0.98:7777 --mark > "$WORK/$name.cli" 2>&1
+  wait "$sp"
+}
+craft_synack craft-synack-other-first "020405b4fe04f989fe06e2d4c3d9"
+if grep -q "^syn-options=.*fe06e2d4c3d9" "$WORK/craft-synack-other-first.srv" \
+   && grep -q "^connected outcome=BothAnnounced .*server-outcome=crafted" "$WORK/craft-synack-other-first.cli"; then
+  ok "SYN-ACK with a kind-254 option before ours: recognised by the client"
+else
+  fail "SYN-ACK with a kind-254 option before ours"
+  cat "$WORK/craft-synack-other-first.srv" "$WORK/craft-synack-other-first.cli"
+fi
+craft_synack craft-synack-other-only "020405b4fe04f989"
+if grep -q "^connected outcome=PeerDidNotAnnounce .*server-outcome=crafted" "$WORK/craft-synack-other-only.cli"; then
+  ok "SYN-ACK with only another kind-254 option: PeerDidNotAnnounce"
+else
+  fail "SYN-ACK with only another kind-254 option"
+  cat "$WORK/craft-synack-other-only.srv" "$WORK/craft-synack-other-only.cli"
 fi
 
 # --- the wire: tshark decodes what tcpdump captured ------------------------
