@@ -16,6 +16,13 @@ have pkg-config || need+=(pkg-config)
 [ -e /usr/include/bpf/libbpf.h ] || need+=(libbpf-dev)
 [ -e /usr/include/gelf.h ]       || need+=(libelf-dev)
 [ -e /usr/include/zlib.h ]       || need+=(zlib1g-dev)
+# smc-bpf: build.rs compiles the sock_ops program (clang, <linux/bpf.h>,
+# <bpf/bpf_helpers.h>); libbpf-sys builds its vendored libbpf with make and
+# cc; the system test uses nsenter/setpriv (util-linux).
+have make     || need+=(make)
+have gcc      || need+=(gcc)
+have nsenter  || need+=(util-linux)
+[ -e /usr/include/linux/bpf.h ]  || need+=(linux-libc-dev)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
