@@ -24,6 +24,7 @@
  *           [bufsize=B] [iotimeout=S] [vm=NAME]
  *   kpeer waitctl ctlfd=N word=W [timeout=S] block until a line W arrives
  *   kpeer readctl ctlfd=N [timeout=S]       print the next control line
+ *   kpeer pattern seed=S off=O len=N        the data pattern, in hex
  *
  * Scenarios (both halves live here; README.md describes the wire-level
  * script a non-kernel peer has to follow): echo, multi, urg, srvhalf, abort.
@@ -1696,6 +1697,24 @@ static int cmd_waitctl(int argc, char **argv)
 	}
 }
 
+/* Print pattern bytes in hex, to cross-check another implementation. */
+static int cmd_pattern(int argc, char **argv)
+{
+	long seed = argnum(argc, argv, "seed", 0), off = argnum(argc, argv, "off", 0);
+	long len = argnum(argc, argv, "len", 64);
+	unsigned char b[4096];
+
+	if (len < 0 || len > (long)sizeof(b)) {
+		fprintf(stderr, "kpeer pattern: len must be 0..%zu\n", sizeof(b));
+		return 2;
+	}
+	pat_fill(b, len, seed, off);
+	for (long i = 0; i < len; i++)
+		printf("%02x", b[i]);
+	printf("\n");
+	return 0;
+}
+
 /* Print the next control line (for the init script's verbs loop). */
 static int cmd_readctl(int argc, char **argv)
 {
@@ -1753,7 +1772,9 @@ int main(int argc, char **argv)
 		return cmd_waitctl(argc, argv);
 	if (!strcmp(cmd, "readctl"))
 		return cmd_readctl(argc, argv);
-	fprintf(stderr, "usage: kpeer rxe-add|ueid-add|ueid-list|diag|lgr|stats|serve|client|waitctl|readctl "
+	if (!strcmp(cmd, "pattern"))
+		return cmd_pattern(argc, argv);
+	fprintf(stderr, "usage: kpeer rxe-add|ueid-add|ueid-list|diag|lgr|stats|serve|client|waitctl|readctl|pattern "
 			"key=value...\n");
 	return 2;
 }

@@ -295,7 +295,7 @@ def smc_checks(v, cfg, out, vms, steps):
     # sit in the same link group
     if expect == "smcr":
         for vm in vms:
-            ids = {c.get("lgrs") for c in vm.all("conn") if c.get("mode") == "SMCR"}
+            ids = {c.get("lgrs", "?") for c in vm.all("conn") if c.get("mode") == "SMCR"}
             if len(vm.all("conn")) > 1:
                 v.info("%s: link groups seen by its connections: %s" % (vm.name, ", ".join(sorted(ids))))
     if mode == "smc-server":
@@ -400,4 +400,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    try:
+        sys.exit(main(sys.argv))
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        # a verdict that cannot be reached is a harness failure, never a pass
+        print("FAIL verdict.py could not judge the run: %r" % e)
+        sys.exit(3)
