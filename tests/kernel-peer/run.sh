@@ -89,8 +89,18 @@ decline)
 *) die "$EXIT_USAGE" "unknown SCEN '$SCEN' (echo multi urg srvhalf abort big decline)" ;;
 esac
 : "${SIZES:=4096}" "${BUFSIZE:=0}" "${EXPECT:=smcr}"
-: "${SERVER_UEID:=$UEID}" "${CLIENT_UEID:=$UEID}"
-if [ "$MODE" = smc-server ]; then : "${PEER_UEID:=$SERVER_UEID}"; else : "${PEER_UEID:=$CLIENT_UEID}"; fi
+: "${SERVER_UEID:=$UEID}" "${CLIENT_UEID:=$UEID}" "${PEER_UEID:=$UEID}"
+# connections a scenario makes unless CONNS says otherwise
+if [ -n "$CONNS" ]; then
+	PLANNED_CONNS=$CONNS
+else
+	case "$SCEN" in
+	echo) PLANNED_CONNS=$(($(tr -cd , <<<"$SIZES" | wc -c) + 1)) ;;
+	multi) PLANNED_CONNS=8 ;;
+	abort) PLANNED_CONNS=2 ;;
+	*) PLANNED_CONNS=1 ;;
+	esac
+fi
 
 # Values end up in shell-sourced config files and kernel lines: keep them tame
 check_value() { # name value ERE
@@ -191,7 +201,7 @@ ready_or_fail() { # NAME: wait until the VM reports ready
 }
 
 T_VM=$(date +%s.%N)
-export KPEER_SCEN=$SCEN KPEER_SIZES=$SIZES KPEER_CONNS=$CONNS KPEER_HOLD=$HOLD KPEER_IDLE=$IDLE
+export KPEER_SCEN=$SCEN KPEER_SIZES=$SIZES KPEER_CONNS=$PLANNED_CONNS KPEER_HOLD=$HOLD KPEER_IDLE=$IDLE
 export KPEER_BUFSIZE=$BUFSIZE KPEER_PORT=$PORT KPEER_UEID=$PEER_UEID
 
 case "$MODE" in

@@ -22,7 +22,11 @@ build_image() {
 	bdir=$KPEER_CACHE/build/$key
 	BASE_INITRD=$bdir/base.cpio.gz
 	KPEER_BIN=$bdir/kpeer
+	# images nobody used for two days go (a parallel run may still use a
+	# recent one, so younger ones stay)
+	find "$KPEER_CACHE/build" -mindepth 1 -maxdepth 1 -type d -mmin +2880 -exec rm -rf {} + 2>/dev/null || true
 	if [ -e "$bdir/.complete" ]; then
+		touch "$bdir"
 		return 0
 	fi
 	log "building the VM image ($key)"
