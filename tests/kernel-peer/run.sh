@@ -107,11 +107,12 @@ check_value() { # name value ERE
 	[[ "$2" =~ ^($3)$ ]] || die "$EXIT_USAGE" "bad $1='$2'"
 }
 check_value SIZES "$SIZES" '[0-9]+[kKmMgG]?(,[0-9]+[kKmMgG]?)*'
-for v in CONNS HOLD IDLE BUFSIZE PORT VM_MEM VM_TIMEOUT IOTIMEOUT PEER_TIMEOUT PEER_GRACE \
+for v in HOLD IDLE BUFSIZE PORT VM_MEM VM_TIMEOUT IOTIMEOUT PEER_TIMEOUT PEER_GRACE \
 	VERBS_ITERS VERBS_TIMEOUT VERBS_PORT SNAPLEN; do
-	check_value "$v" "${!v}" '[0-9]*'
+	check_value "$v" "${!v}" '[0-9]+'
 done
-check_value VERBS_SIZE "$VERBS_SIZE" '[0-9]*'
+check_value CONNS "$CONNS" '([1-9][0-9]*)?'
+check_value VERBS_SIZE "$VERBS_SIZE" '([1-9][0-9]*)?'
 for v in UEID SERVER_UEID CLIENT_UEID PEER_UEID; do
 	check_value "$v" "${!v}" '[A-Za-z0-9][A-Za-z0-9.-]{0,31}'
 done
@@ -217,11 +218,12 @@ smc-pair)
 		vm_ctl server stop
 		vm_finish server
 		vm_ctl client stop
+		vm_finish client
 	else
 		infra "VMs did not come up"
+		vm_abort client
+		vm_abort server
 	fi
-	vm_finish client
-	vm_finish server
 	;;
 
 smc-server)
@@ -243,7 +245,7 @@ smc-server)
 		vm_finish server
 		stop_peer "$PEER_GRACE"
 	else
-		vm_finish server
+		vm_abort server
 	fi
 	;;
 
@@ -269,33 +271,40 @@ smc-client)
 		vm_ctl client go
 		vm_wait client 'client-finished' 1 "$VM_TIMEOUT" || infra "client VM did not finish in ${VM_TIMEOUT}s"
 		vm_ctl client stop
+		vm_finish client
+	else
+		vm_abort client
 	fi
-	vm_finish client
 	stop_peer "$PEER_GRACE"
 	;;
 
 verbs-*)
-	[ "$MODE" = verbs-client ] || {
+	VMS=""
+	if [ "$MODE" != verbs-client ]; then
 		verbs_conf server verbs-server "$SERVER_IP" ""
 		boot_vm server tap0 "$SERVER_MAC"
-	}
-	if [ "$MODE" = verbs-client ]; then
-		verbs_conf client verbs-client "$CLIENT_IP" "$PEER_IP"
+		VMS="server"
+	fi
+	if [ "$MODE" != verbs-server ]; then
+		if [ "$MODE" = verbs-client ]; then
+			verbs_conf client verbs-client "$CLIENT_IP" "$PEER_IP"
+		else
+			verbs_conf client verbs-client "$CLIENT_IP" "$SERVER_IP"
+		fi
 		boot_vm client tap1 "$CLIENT_MAC"
-	elif [ "$MODE" = verbs-pair ]; then
-		verbs_conf client verbs-client "$CLIENT_IP" "$SERVER_IP"
-		boot_vm client tap1 "$CLIENT_MAC"
+		VMS="$VMS client"
 	fi
 	up=1
-	for v in server client; do
-		[ -e "$OUT/$v/kpeer.conf" ] || continue
-		ready_or_fail "$v" || up=0
-	done
-	n=0
+	for v in $VMS; do ready_or_fail "$v" || up=0; done
+	# run_in VM TOOL SIZE: hand the VM its next tool (it is idle between tools)
+	declare -A SENT=([server]=0 [client]=0)
+	run_in() {
+		vm_wait "$1" 'wait-cmd' "$((SENT[$1] + 1))" 60 && vm_ctl "$1" "run:$2:$3" &&
+			SENT[$1]=$((SENT[$1] + 1))
+	}
 	if [ "$up" = 1 ]; then
 		timing vm_ready_s "$(elapsed "$T_VM")"
 		for tool in ${VERBS_TOOLS//,/ }; do
-			n=$((n + 1))
 			size=$VERBS_SIZE
 			if [ -z "$size" ]; then
 				case "$tool" in
@@ -305,14 +314,17 @@ verbs-*)
 				esac
 			fi
 			export KPEER_TOOL=$tool KPEER_ITERS=$VERBS_ITERS KPEER_SIZE=$size KPEER_PORT=$VERBS_PORT
-			log "verbs tool $n: $tool, $VERBS_ITERS iterations of $size bytes"
+			log "verbs tool: $tool, $VERBS_ITERS iterations of $size bytes"
 			case "$MODE" in
 			verbs-pair)
-				vm_wait server 'wait-cmd' "$n" 60 && vm_ctl server "run:$tool:$size"
-				vm_wait server "verbs-ready vm=server tool=$tool " 1 60 || infra "server $tool not ready"
-				vm_wait client 'wait-cmd' "$n" 60 && vm_ctl client "run:$tool:$size"
-				vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
-					infra "client $tool did not finish"
+				if run_in server "$tool" "$size" &&
+					vm_wait server "verbs-ready vm=server tool=$tool " 1 60 &&
+					run_in client "$tool" "$size"; then
+					vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
+						infra "client $tool did not finish"
+				else
+					infra "$tool could not be started"
+				fi
 				vm_wait server "verbs vm=server tool=$tool " 1 "$((VERBS_TIMEOUT + 30))" ||
 					infra "server $tool did not finish"
 				;;
@@ -320,8 +332,8 @@ verbs-*)
 				export KPEER_ROLE=client KPEER_PEER_IP=$SERVER_IP
 				KPEER_GID=$(vm_gid server)
 				export KPEER_GID
-				vm_wait server 'wait-cmd' "$n" 60 && vm_ctl server "run:$tool:$size"
-				if vm_wait server "verbs-ready vm=server tool=$tool " 1 60; then
+				if run_in server "$tool" "$size" &&
+					vm_wait server "verbs-ready vm=server tool=$tool " 1 60; then
 					KPEER_TOOL_CMD=$(grep -a "^KPEER verbs-ready vm=server tool=$tool " "$OUT/server/results.log" |
 						sed -n 's/.* cmd=\([^ ]*\).*/\1/p' | tr '+' ' ')
 					export KPEER_TOOL_CMD
@@ -329,7 +341,7 @@ verbs-*)
 					wait_gone "$PEER_PID" "$((VERBS_TIMEOUT + 30))" || infra "PEER_CMD ($tool) timed out"
 					stop_peer 0
 				else
-					infra "server $tool not ready"
+					infra "server $tool could not be started"
 				fi
 				vm_wait server "verbs vm=server tool=$tool " 1 "$((VERBS_TIMEOUT + 30))" ||
 					infra "server $tool did not finish"
@@ -343,19 +355,24 @@ verbs-*)
 				until peer_listening "$VERBS_PORT" || ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; do
 					sleep 0.1
 				done
-				peer_listening "$VERBS_PORT" || infra "PEER_CMD ($tool) is not listening on $PEER_IP:$VERBS_PORT"
-				vm_wait client 'wait-cmd' "$n" 60 && vm_ctl client "run:$tool:$size"
-				vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
-					infra "client $tool did not finish"
+				if ! peer_listening "$VERBS_PORT"; then
+					infra "PEER_CMD ($tool) is not listening on $PEER_IP:$VERBS_PORT"
+				elif run_in client "$tool" "$size"; then
+					vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
+						infra "client $tool did not finish"
+				fi
 				stop_peer "$((VERBS_TIMEOUT / 2 + 5))"
 				;;
 			esac
 		done
 	fi
-	for v in server client; do
-		[ -e "$OUT/$v/kpeer.conf" ] || continue
-		if [ "$up" = 1 ] && vm_wait "$v" 'wait-cmd' "$((n + 1))" 30; then vm_ctl "$v" stop; fi
-		vm_finish "$v"
+	for v in $VMS; do
+		if [ "$up" = 1 ] && vm_wait "$v" 'wait-cmd' "$((SENT[$v] + 1))" "$((VERBS_TIMEOUT + 10))"; then
+			vm_ctl "$v" stop
+			vm_finish "$v"
+		else
+			vm_abort "$v"
+		fi
 	done
 	;;
 esac

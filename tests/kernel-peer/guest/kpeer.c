@@ -23,6 +23,7 @@
  *   kpeer client host=IP port=P scen=S [sizes=a,b] [conns=N] [hold=S]
  *           [bufsize=B] [iotimeout=S] [vm=NAME]
  *   kpeer waitctl ctlfd=N word=W [timeout=S] block until a line W arrives
+ *                                           (exit 3 on "abort")
  *   kpeer readctl ctlfd=N [timeout=S]       print the next control line
  *   kpeer pattern seed=S off=O len=N        the data pattern, in hex
  *
@@ -1466,7 +1467,7 @@ static int cmd_serve(int argc, char **argv)
 				failed++;
 		}
 		if (ctl >= 0 && !stop && (p[1].revents & POLLIN) && ctl_line(ctl, line, sizeof(line))) {
-			if (!strcmp(line, "stop")) {
+			if (!strcmp(line, "stop") || !strcmp(line, "abort")) {
 				stop = 1;
 				stop_at = now_s();
 				close(ls);
@@ -1690,6 +1691,8 @@ static int cmd_waitctl(int argc, char **argv)
 		if (ctl_line(fd, line, sizeof(line))) {
 			if (!strcmp(line, word))
 				return 0;
+			if (!strcmp(line, "abort")) /* the host gave up on this run */
+				return 3;
 			fprintf(stderr, "kpeer waitctl: ignoring '%s' (waiting for '%s')\n", line, word);
 			continue;
 		}

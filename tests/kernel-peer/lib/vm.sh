@@ -108,8 +108,31 @@ vm_wait() {
 
 # vm_ctl NAME LINE: send one control line to VM NAME
 vm_ctl() {
-	timeout 10 bash -c 'printf "%s\n" "$1" >"$2"' _ "$2" "$OUT/$1/ctl.in" ||
-		die "$EXIT_INFRA" "cannot send '$2' to VM $1"
+	local pid
+	pid=$(vm_pid "$1")
+	if [ -n "$pid" ] && alive "$pid" &&
+		timeout 10 bash -c 'printf "%s\n" "$1" >"$2"' _ "$2" "$OUT/$1/ctl.in"; then
+		return 0
+	fi
+	log "cannot send '$2' to VM $1 (not running?)"
+	INFRA_ERRORS="$INFRA_ERRORS vm-$1-control-failed"
+	return 1
+}
+
+# vm_abort NAME: the run went wrong; make the VM report what it has and stop.
+# Its control port only works once init has opened it ("boot" line); before
+# that the VM is simply killed (its console log still shows how far it got).
+vm_abort() {
+	local pid
+	pid=$(vm_pid "$1")
+	if vm_wait "$1" 'boot ' 1 0; then
+		vm_ctl "$1" abort || true
+		vm_finish "$1" 30
+	elif [ -n "$pid" ]; then
+		log "stopping VM $1 before its userspace came up"
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	fi
 }
 
 # vm_finish NAME [TIMEOUT]: wait for the VM to power off (it does so after
