@@ -73,11 +73,11 @@ esac
 case "$SCEN" in
 echo | multi | urg | srvhalf | abort) ;;
 big)
-	SCEN=echo
+	SCEN='echo'
 	: "${BUFSIZE:=1048576}" "${SIZES:=16M}"
 	;;
 decline)
-	SCEN=echo
+	SCEN='echo'
 	: "${SIZES:=4096,65536}" "${EXPECT:=decline}"
 	# the kernel server's EID differs from everybody else's
 	if [ "$MODE" = smc-client ]; then
