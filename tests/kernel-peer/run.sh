@@ -56,7 +56,7 @@ done
 : "${PORT:=5000}" "${SCEN:=echo}" "${SIZES:=}" "${CONNS:=}" "${HOLD:=0}" "${IDLE:=0}"
 : "${BUFSIZE:=}" "${UEID:=SMC-RS-KPEER}" "${SERVER_UEID:=}" "${CLIENT_UEID:=}" "${PEER_UEID:=}"
 : "${SYSCTLS=net.smc.smcr_testlink_time=5}" "${TEARDOWN:=none}" "${EXPECT:=}"
-: "${CHECK_TESTLINK:=0}" "${IOTIMEOUT:=30}" "${DMESG_FAIL:=}"
+: "${CHECK_TESTLINK:=0}" "${CHECK_OPTION:=0}" "${IOTIMEOUT:=30}" "${DMESG_FAIL:=}"
 : "${VERBS_TOOLS:=pingpong,write_bw,send_bw,send_lat}" "${VERBS_ITERS:=100}" "${VERBS_SIZE:=}"
 : "${VERBS_TIMEOUT:=60}" "${VERBS_ARGS:=}" "${VERBS_CHK:=1}" "${VERBS_PORT:=18515}"
 INFRA_ERRORS=""
@@ -122,7 +122,7 @@ check_value VERBS_ARGS "$VERBS_ARGS" '[A-Za-z0-9 =._-]*'
 check_value KERNEL_APPEND "$KERNEL_APPEND" '[A-Za-z0-9 =,._/-]*'
 check_value TEARDOWN "$TEARDOWN" 'none|rmmod'
 check_value EXPECT "$EXPECT" 'smcr|fallback|decline|peernosmc|any'
-for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK VERBS_CHK PEER_MUST_EXIT; do
+for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT; do
 	check_value "$v" "${!v}" '[01]'
 done
 for t in ${VERBS_TOOLS//,/ }; do
@@ -165,7 +165,7 @@ start_capture
 
 # What verdict.py needs to know about this run
 {
-	for v in MODE SCEN SIZES CONNS HOLD IDLE BUFSIZE EXPECT CHECK_TESTLINK TEARDOWN PORT \
+	for v in MODE SCEN SIZES CONNS HOLD IDLE BUFSIZE EXPECT CHECK_TESTLINK CHECK_OPTION TEARDOWN PORT \
 		SERVER_UEID CLIENT_UEID PEER_UEID SYSCTLS VERBS_TOOLS VERBS_ITERS VERBS_SIZE \
 		CAPTURE DECODE PEER_MUST_EXIT DMESG_FAIL KPKG KDEBVER KVER; do
 		printf '%s=%s\n' "$v" "${!v}"

@@ -229,6 +229,8 @@ def check_capture(v, cfg, out, kernel_ips):
     if c["llc_length_big_endian"]:
         v.warn("%d SMC-Rv2 LLC messages carry length_v2 big-endian; x86 Linux sends it little-endian"
                % c["llc_length_big_endian"])
+    for k, n in sorted(c["smc_option"].items()):
+        v.info("wire: SMC-R TCP option in %s x%d" % (k, n))
     for k, n in sorted(c["clc"].items()):
         v.info("wire: CLC %s x%d" % (k, n))
     for k, n in sorted(c["decline_diag"].items()):
@@ -304,6 +306,18 @@ def smc_checks(v, cfg, out, vms, steps):
         check_peer(v, cfg, steps, ["smc-server"])
     kernel_ips = {cfg["SERVER_IP"], cfg["CLIENT_IP"]}
     c = check_capture(v, cfg, out, kernel_ips)
+    if c is not None and cfg.get("CHECK_OPTION") == "1":
+        # RFC 7609 §3.5.1: the client's SYN carries the SMC-R option, the
+        # server's SYN-ACK echoes it, then the client sends its CLC Proposal
+        cli, srv = {"smc-pair": (cfg["CLIENT_IP"], cfg["SERVER_IP"]),
+                    "smc-server": (cfg["PEER_IP"], cfg["SERVER_IP"]),
+                    "smc-client": (cfg["CLIENT_IP"], cfg["PEER_IP"])}[mode]
+        wanted = (("smc_option", "SYN %s>%s" % (cli, srv), "SYN with the SMC-R option"),
+                  ("smc_option", "SYN-ACK %s>%s" % (srv, cli), "SYN-ACK echoing the SMC-R option"),
+                  ("clc", "Proposal %s>%s" % (cli, srv), "CLC Proposal"))
+        for table, key, what in wanted:
+            n = c[table].get(key, 0)
+            v.check(n > 0, "%s %s: %d on the wire" % (what, key.split(" ", 1)[1], n))
     if c is not None:
         if expect == "decline":
             declines = sum(n for k, n in c["clc"].items() if k.startswith("Decline"))
