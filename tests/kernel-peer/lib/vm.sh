@@ -78,11 +78,11 @@ boot_vm() {
 	vm_initrd "$d"
 	rm -f "$d/ctl.in" "$d/ctl.out" "$d/console.log" "$d/results.log"
 	mkfifo "$d/ctl.in" "$d/ctl.out"
-	local nsarg=--net="/run/netns/$NS"
+	local nsarg=""
 	if [ "$tap" = none ]; then
-		net="-nic none"
-		nsarg= # no network card: stay in our namespace (KVM probe)
+		net="-nic none" # no network card: no namespace either (KVM probe)
 	else
+		nsarg=--net="/run/netns/$NS"
 		net="-netdev tap,id=n0,ifname=$tap,script=no,downscript=no -device virtio-net-pci,netdev=n0,mac=$mac"
 	fi
 	# shellcheck disable=SC2086
