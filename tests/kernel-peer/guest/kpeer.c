@@ -533,7 +533,7 @@ static void lgr_cb(struct nlmsghdr *h, void *ctx)
 				char head[1024] = "";
 				print_attrs(head, sizeof(head), a, lgr_names,
 					    sizeof(lgr_names) / sizeof(*lgr_names));
-				out("lgr", "%s%s", head + 1, line);
+				out("lgr", "%s%s", *head ? head + 1 : "-", line);
 			}
 		} else if (t == SMC_GEN_LINK_SMCR && l->print) {
 			print_attrs(line, sizeof(line), a, link_names,
