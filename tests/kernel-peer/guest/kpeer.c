@@ -436,6 +436,7 @@ struct lgr_list {
 	char ids[256];
 	int n;
 	int print;
+	int links_dump; /* this dump repeats each link group before its links */
 };
 
 /* Attributes whose payload is a string, whatever its length. */
@@ -509,14 +510,12 @@ static void lgr_cb(struct nlmsghdr *h, void *ctx)
 	struct lgr_list *l = ctx;
 	char *p = (char *)NLMSG_DATA(h) + GENL_HDRLEN;
 	int len = h->nlmsg_len - NLMSG_LENGTH(GENL_HDRLEN);
-	/* the link dump repeats each link group before its links */
-	int links_dump = ((struct genlmsghdr *)NLMSG_DATA(h))->cmd == SMC_NETLINK_GET_LINK_SMCR;
 
 	for_each_attr(a, p, len) {
 		int t = a->nla_type & NLA_TYPE_MASK;
 		char line[1024] = "";
 
-		if (t == SMC_GEN_LGR_SMCR && !links_dump) {
+		if (t == SMC_GEN_LGR_SMCR && !l->links_dump) {
 			for_each_attr(b, ATTR_DATA(a), ATTR_LEN(a)) {
 				int bt = b->nla_type & NLA_TYPE_MASK;
 				if (bt == SMC_NLA_LGR_R_ID && ATTR_LEN(b) == 4) {
@@ -557,6 +556,7 @@ static int lgr_dump(int print, char *ids, size_t idsz)
 	close(fd);
 	if (print && rc == 0) {
 		fd = smc_genl_req(&r, SMC_NETLINK_GET_LINK_SMCR, NLM_F_DUMP);
+		l.links_dump = 1;
 		if (fd >= 0) {
 			nl_talk(fd, &r.nlh, lgr_cb, &l);
 			close(fd);
