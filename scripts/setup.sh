@@ -24,6 +24,16 @@ have gcc      || need+=(gcc)
 have nsenter  || need+=(util-linux)
 [ -e /usr/include/linux/bpf.h ]  || need+=(linux-libc-dev)
 
+# Linux kernel peer in QEMU (tests/kernel-peer); the VM's own packages (kernel,
+# busybox, rdma-core, perftest) are downloaded by the harness into its cache.
+have qemu-system-x86_64 || need+=(qemu-system-x86)
+have cpio     || need+=(cpio)
+have depmod   || need+=(kmod)
+have gcc      || need+=(gcc)
+have xz       || need+=(xz-utils)
+have zstd     || need+=(zstd)
+[ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections

@@ -1,0 +1,245 @@
+# shellcheck shell=bash
+# Network namespace, capture, QEMU and the control channel (sourced by run.sh).
+
+# The test wire: one bridge in a private namespace; every VM is a tap on it,
+# PEER_CMD runs in the namespace itself (bridge address PEER_IP).
+SERVER_IP=10.44.0.1
+CLIENT_IP=10.44.0.2
+PEER_IP=10.44.0.3
+NET_PREFIX=24
+SERVER_MAC=52:54:00:44:00:01
+CLIENT_MAC=52:54:00:44:00:02
+
+# Run a command in the namespace. Background processes are started with a
+# plain `nsenter ... &` instead, so that $! is the process itself (nsenter
+# execs it) and not a subshell that would not pass signals on.
+in_ns() { nsenter --net="/run/netns/$NS" -- "$@"; }
+
+setup_net() {
+	local t
+	NS=kpeer-$$
+	[ -e /dev/net/tun ] || modprobe tun 2>/dev/null || true
+	[ -e /dev/net/tun ] || cannot_run "/dev/net/tun is missing (no tun/tap support)"
+	ip netns add "$NS" 2>"$OUT/netns.err" || cannot_run "ip netns add failed: $(cat "$OUT/netns.err")"
+	CLEAN_NETNS=$NS
+	# no IPv6 on the test wire: no ND/MLD noise in the capture
+	in_ns sysctl -q -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 || true
+	ip -n "$NS" link set lo up
+	ip -n "$NS" link add br0 type bridge stp_state 0 forward_delay 0 mcast_snooping 0 ||
+		cannot_run "cannot create a bridge in a network namespace"
+	for t in tap0 tap1; do
+		ip -n "$NS" tuntap add dev "$t" mode tap || cannot_run "cannot create tap devices"
+		ip -n "$NS" link set "$t" master br0
+		ip -n "$NS" link set "$t" up
+	done
+	ip -n "$NS" link set br0 up
+	case "$MODE" in
+	*-pair) ;;
+	*) ip -n "$NS" addr add "$PEER_IP/$NET_PREFIX" dev br0 ;;
+	esac
+}
+
+start_capture() {
+	[ "$CAPTURE" = 1 ] || return 0
+	# tcpdump puts br0 into promiscuous mode, so frames the bridge forwards
+	# between the taps reach it too
+	nsenter --net="/run/netns/$NS" -- \
+		tcpdump -i br0 -U -n -Z root -s "$SNAPLEN" -w "$OUT/capture.pcap" 2>"$OUT/tcpdump.log" &
+	TCPDUMP_PID=$!
+	register_pid "$TCPDUMP_PID"
+	wait_line "$OUT/tcpdump.log" 'listening on' 1 10 "$TCPDUMP_PID" ||
+		die "$EXIT_INFRA" "tcpdump did not start: $(cat "$OUT/tcpdump.log")"
+}
+
+stop_capture() {
+	[ -n "${TCPDUMP_PID:-}" ] || return 0
+	sleep 0.5 # let the last frames through
+	kill -INT "$TCPDUMP_PID" 2>/dev/null || true
+	wait_gone "$TCPDUMP_PID" 10 || kill -KILL "$TCPDUMP_PID" 2>/dev/null || true
+	wait "$TCPDUMP_PID" 2>/dev/null || true
+	TCPDUMP_PID=
+}
+
+# write_conf VMDIR KEY=VALUE...: the VM's /etc/kpeer.conf
+write_conf() {
+	local d=$1 kv
+	shift
+	mkdir -p "$d"
+	: >"$d/kpeer.conf"
+	for kv in "$@"; do
+		printf "%s='%s'\n" "${kv%%=*}" "${kv#*=}" >>"$d/kpeer.conf"
+	done
+}
+
+# boot_vm NAME TAP MAC: boot OUT/NAME (kpeer.conf written) on the tap; TAP
+# "none" boots without a network card
+boot_vm() {
+	local name=$1 tap=$2 mac=$3 d=$OUT/$1 net pid
+	vm_initrd "$d"
+	rm -f "$d/ctl.in" "$d/ctl.out" "$d/console.log" "$d/results.log"
+	mkfifo "$d/ctl.in" "$d/ctl.out"
+	local nsarg=""
+	if [ "$tap" = none ]; then
+		net="-nic none" # no network card: no namespace either (KVM probe)
+	else
+		nsarg=--net="/run/netns/$NS"
+		net="-netdev tap,id=n0,ifname=$tap,script=no,downscript=no -device virtio-net-pci,netdev=n0,mac=$mac"
+	fi
+	# shellcheck disable=SC2086
+	nsenter $nsarg -- qemu-system-x86_64 $QACCEL -M q35 -m "$VM_MEM" -smp 1 \
+		-nodefaults -no-user-config -display none -monitor none -no-reboot \
+		-kernel "$VMLINUZ" -initrd "$d/initrd" \
+		-append "console=ttyS0 loglevel=4 panic=-1 $KERNEL_APPEND" \
+		-serial "file:$d/console.log" -serial "file:$d/results.log" -serial "pipe:$d/ctl" \
+		$net >"$d/qemu.log" 2>&1 &
+	pid=$!
+	register_pid "$pid"
+	eval "VMPID_$name=$pid"
+	log "booted VM $name (pid $pid, $ACCEL_USED)"
+}
+
+vm_pid() { eval "echo \${VMPID_$1:-}"; }
+
+# vm_wait NAME ERE [COUNT] [TIMEOUT]: wait for a result line of VM NAME
+vm_wait() {
+	local name=$1 re=$2 n=${3:-1} t=${4:-120}
+	wait_line "$OUT/$name/results.log" "^KPEER $re" "$n" "$t" "$(vm_pid "$name")"
+}
+
+# vm_ctl NAME LINE: send one control line to VM NAME
+vm_ctl() {
+	local pid
+	pid=$(vm_pid "$1")
+	if [ -n "$pid" ] && alive "$pid" &&
+		timeout 10 bash -c 'printf "%s\n" "$1" >"$2"' _ "$2" "$OUT/$1/ctl.in"; then
+		return 0
+	fi
+	log "cannot send '$2' to VM $1 (not running?)"
+	INFRA_ERRORS="$INFRA_ERRORS vm-$1-control-failed"
+	return 1
+}
+
+# vm_abort NAME: the run went wrong; make the VM report what it has and stop.
+# Its control port only works once init has opened it ("boot" line); before
+# that the VM is simply killed (its console log still shows how far it got).
+vm_abort() {
+	local pid
+	pid=$(vm_pid "$1")
+	if vm_wait "$1" 'boot ' 1 0; then
+		vm_ctl "$1" abort || true
+		vm_finish "$1" 30
+	elif [ -n "$pid" ]; then
+		log "stopping VM $1 before its userspace came up"
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	fi
+}
+
+# vm_finish NAME [TIMEOUT]: wait for the VM to power off (it does so after
+# its "end" line)
+vm_finish() {
+	local name=$1 pid
+	pid=$(vm_pid "$name")
+	[ -n "$pid" ] || return 0
+	if ! vm_wait "$name" 'end ' 1 "${2:-$((IOTIMEOUT + 60))}"; then
+		log "VM $name did not finish; stopping it"
+		INFRA_ERRORS="$INFRA_ERRORS vm-$name-no-end"
+	fi
+	wait_gone "$pid" 20 || kill -KILL "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+
+# Choose KVM or TCG. KVM is used only when a real boot of this kernel under
+# it reaches userspace: some hosts expose /dev/kvm through a nested
+# hypervisor (e.g. kvm_pvm) on which a stock kernel does not boot.
+choose_accel() {
+	local key cache d pid
+	case "$ACCEL" in
+	tcg) ACCEL_USED=tcg ;;
+	kvm) ACCEL_USED=kvm ;;
+	auto)
+		ACCEL_USED=tcg
+		if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
+			key=$( {
+				uname -r
+				qemu-system-x86_64 --version | head -n1
+				basename "$KDEB"
+			} | sha256sum | cut -c1-16)
+			cache=$KPEER_CACHE/accel-$key
+			if [ -f "$cache" ]; then
+				ACCEL_USED=$(cat "$cache")
+			else
+				log "probing KVM (a TCG fallback is used if the kernel does not boot under it)"
+				d=$OUT/kvmprobe
+				write_conf "$d" KP_VM=kvmprobe KP_ROLE=probe
+				QACCEL="-accel kvm -cpu host"
+				ACCEL_USED=kvm-probe
+				boot_vm kvmprobe none none
+				pid=$(vm_pid kvmprobe)
+				if vm_wait kvmprobe 'boot ' 1 25; then
+					ACCEL_USED=kvm
+				else
+					ACCEL_USED=tcg
+				fi
+				kill -KILL "$pid" 2>/dev/null || true
+				wait "$pid" 2>/dev/null || true
+				echo "$ACCEL_USED" >"$cache"
+				log "KVM probe: $ACCEL_USED ($(head -c 300 "$d/qemu.log" | tr '\n' ' '))"
+			fi
+		fi
+		;;
+	*) die "$EXIT_USAGE" "ACCEL must be auto, kvm or tcg" ;;
+	esac
+	if [ "$ACCEL_USED" = kvm ]; then
+		QACCEL="-accel kvm -cpu host"
+	else
+		QACCEL="-accel tcg -cpu max"
+	fi
+}
+
+# ------------------------------------------------------------- PEER_CMD
+
+# Environment PEER_CMD sees (README.md, "What PEER_CMD gets")
+export_peer_env() {
+	export KPEER_MODE=$MODE KPEER_NETNS=$NS KPEER_IFACE=br0
+	export KPEER_LOCAL_IP=$PEER_IP KPEER_PREFIX=$NET_PREFIX
+	export KPEER_OUT=$OUT KPEER_LOGDIR=$OUT/peer KPEER_DONE_FILE=$OUT/peer/done
+	export KPEER_REPO=$REPO_DIR KPEER_DIR=$KPEER_DIR
+	mkdir -p "$OUT/peer"
+}
+
+# start_peer STEP: run PEER_CMD in the namespace, in its own process group
+start_peer() {
+	local step=$1
+	rm -f "$KPEER_DONE_FILE"
+	log "PEER_CMD ($step): $PEER_CMD"
+	setsid nsenter --net="/run/netns/$NS" -- bash -c "$PEER_CMD" >>"$OUT/peer/peer.log" 2>&1 </dev/null &
+	PEER_PID=$!
+	register_pgid "$PEER_PID"
+	PEER_STEP=$step
+}
+
+# stop_peer GRACE: give PEER_CMD GRACE seconds to exit, then SIGTERM (and
+# SIGKILL after 10 s); record "step rc how" in OUT/peer/steps.tsv
+stop_peer() {
+	local grace=$1 rc how=exited
+	[ -n "${PEER_PID:-}" ] || return 0
+	if ! wait_gone "$PEER_PID" "$grace"; then
+		how=terminated
+		kill -TERM -- "-$PEER_PID" 2>/dev/null || true
+		if ! wait_gone "$PEER_PID" 10; then
+			how=killed
+			kill -KILL -- "-$PEER_PID" 2>/dev/null || true
+		fi
+	fi
+	rc=0
+	wait "$PEER_PID" 2>/dev/null || rc=$?
+	printf '%s\t%s\t%s\n' "$PEER_STEP" "$rc" "$how" >>"$OUT/peer/steps.tsv"
+	log "PEER_CMD ($PEER_STEP) $how, exit status $rc"
+	PEER_PID=
+}
+
+# peer_listening PORT: is a TCP socket listening on PORT in the namespace?
+peer_listening() {
+	in_ns ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+}

@@ -1,0 +1,403 @@
+#!/usr/bin/env bash
+# Linux kernel peer for smc-rs: boots Debian's Linux 6.12 in QEMU, with the
+# kernel's own SMC-R over Soft-RoCE (rdma_rxe), on a bridge in a private
+# network namespace, and runs an SMC-R or RDMA verbs scenario against a second
+# kernel VM or against PEER_CMD (our implementation) in the namespace.
+#
+#   tests/kernel-peer/run.sh MODE [KEY=VALUE ...]
+#   tests/kernel-peer/run.sh --help
+#
+# MODE: smc-pair smc-server smc-client verbs-pair verbs-server verbs-client
+#       prepare (download + build only)
+# Every knob is an environment variable; KEY=VALUE arguments set them too.
+# tests/kernel-peer/README.md documents modes, knobs, PEER_CMD's environment,
+# the result lines and the exit codes (0 pass, 1 checks failed, 2 usage,
+# 3 harness/VM failure, 4 cannot run on this machine).
+set -euo pipefail
+
+KPEER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$KPEER_DIR/../.." && pwd)
+
+usage() {
+	sed -n '/^## Quick reference/,/^## /p' "$KPEER_DIR/README.md" | sed '$d'
+	exit "${1:-0}"
+}
+
+case "${1:-}" in
+-h | --help | help | "") usage 0 ;;
+esac
+MODE=$1
+shift
+for kv in "$@"; do
+	case "$kv" in
+	[A-Z]*=*) export "${kv%%=*}=${kv#*=}" ;;
+	*)
+		echo "run.sh: arguments must be KEY=VALUE (got '$kv'); see --help" >&2
+		exit 2
+		;;
+	esac
+done
+
+# shellcheck source=lib/common.sh
+. "$KPEER_DIR/lib/common.sh"
+# shellcheck source=lib/fetch.sh
+. "$KPEER_DIR/lib/fetch.sh"
+# shellcheck source=lib/image.sh
+. "$KPEER_DIR/lib/image.sh"
+# shellcheck source=lib/vm.sh
+. "$KPEER_DIR/lib/vm.sh"
+
+# ------------------------------------------------------------------ knobs
+: "${KPEER_CACHE:=/var/cache/smc-rs-kpeer}"
+: "${OUT:=/tmp/smc-rs-kpeer/$MODE-$(date +%Y%m%d-%H%M%S)-$$}"
+: "${ACCEL:=auto}" "${KPKG:=}" "${VM_MEM:=512}" "${VM_TIMEOUT:=900}" "${KERNEL_APPEND:=}"
+: "${CAPTURE:=1}" "${SNAPLEN:=0}" "${DECODE:=1}" "${NO_INSTALL:=0}"
+: "${PEER_CMD:=}" "${PEER_TIMEOUT:=600}" "${PEER_GRACE:=5}" "${PEER_MUST_EXIT:=0}"
+: "${PORT:=5000}" "${SCEN:=echo}" "${SIZES:=}" "${CONNS:=}" "${HOLD:=0}" "${IDLE:=0}"
+: "${BUFSIZE:=}" "${UEID:=SMC-RS-KPEER}" "${SERVER_UEID:=}" "${CLIENT_UEID:=}" "${PEER_UEID:=}"
+: "${SYSCTLS=net.smc.smcr_testlink_time=5}" "${TEARDOWN:=none}" "${EXPECT:=}"
+: "${CHECK_TESTLINK:=0}" "${CHECK_OPTION:=0}" "${IOTIMEOUT:=30}" "${DMESG_FAIL:=}"
+: "${VERBS_TOOLS:=pingpong,write_bw,send_bw,send_lat}" "${VERBS_ITERS:=100}" "${VERBS_SIZE:=}"
+: "${VERBS_TIMEOUT:=60}" "${VERBS_ARGS:=}" "${VERBS_CHK:=1}" "${VERBS_PORT:=18515}"
+INFRA_ERRORS=""
+
+case "$MODE" in
+smc-pair | smc-server | smc-client | verbs-pair | verbs-server | verbs-client | prepare) ;;
+*)
+	echo "run.sh: unknown mode '$MODE'; see --help" >&2
+	exit "$EXIT_USAGE"
+	;;
+esac
+
+# Scenario presets (README.md, "Scenarios")
+case "$SCEN" in
+echo | multi | urg | srvhalf | abort) ;;
+big)
+	SCEN='echo'
+	: "${BUFSIZE:=1048576}" "${SIZES:=16M}"
+	;;
+decline)
+	SCEN='echo'
+	: "${SIZES:=4096,65536}" "${EXPECT:=decline}"
+	# the kernel server's EID differs from everybody else's
+	if [ "$MODE" = smc-client ]; then
+		: "${PEER_UEID:=SMC-RS-OTHER}"
+	else
+		: "${SERVER_UEID:=SMC-RS-OTHER}"
+	fi
+	;;
+*) die "$EXIT_USAGE" "unknown SCEN '$SCEN' (echo multi urg srvhalf abort big decline)" ;;
+esac
+: "${SIZES:=4096}" "${BUFSIZE:=0}" "${EXPECT:=smcr}"
+: "${SERVER_UEID:=$UEID}" "${CLIENT_UEID:=$UEID}" "${PEER_UEID:=$UEID}"
+# connections a scenario makes unless CONNS says otherwise
+if [ -n "$CONNS" ]; then
+	PLANNED_CONNS=$CONNS
+else
+	case "$SCEN" in
+	echo) PLANNED_CONNS=$(($(tr -cd , <<<"$SIZES" | wc -c) + 1)) ;;
+	multi) PLANNED_CONNS=8 ;;
+	abort) PLANNED_CONNS=2 ;;
+	*) PLANNED_CONNS=1 ;;
+	esac
+fi
+
+# Values end up in shell-sourced config files and kernel lines: keep them tame
+check_value() { # name value ERE
+	[[ "$2" =~ ^($3)$ ]] || die "$EXIT_USAGE" "bad $1='$2'"
+}
+check_value SIZES "$SIZES" '[0-9]+[kKmMgG]?(,[0-9]+[kKmMgG]?)*'
+for v in HOLD IDLE BUFSIZE PORT VM_MEM VM_TIMEOUT IOTIMEOUT PEER_TIMEOUT PEER_GRACE \
+	VERBS_ITERS VERBS_TIMEOUT VERBS_PORT SNAPLEN; do
+	check_value "$v" "${!v}" '[0-9]+'
+done
+check_value CONNS "$CONNS" '([1-9][0-9]*)?'
+check_value VERBS_SIZE "$VERBS_SIZE" '([1-9][0-9]*)?'
+for v in UEID SERVER_UEID CLIENT_UEID PEER_UEID; do
+	check_value "$v" "${!v}" '[A-Za-z0-9][A-Za-z0-9.-]{0,31}'
+done
+check_value SYSCTLS "$SYSCTLS" '([a-z0-9_.]+=[A-Za-z0-9_.-]+( [a-z0-9_.]+=[A-Za-z0-9_.-]+)*)?'
+check_value VERBS_TOOLS "$VERBS_TOOLS" '[a-z_]+(,[a-z_]+)*'
+check_value VERBS_ARGS "$VERBS_ARGS" '[A-Za-z0-9 =._-]*'
+check_value KERNEL_APPEND "$KERNEL_APPEND" '[A-Za-z0-9 =,._/-]*'
+check_value TEARDOWN "$TEARDOWN" 'none|rmmod'
+check_value EXPECT "$EXPECT" 'smcr|fallback|decline|peernosmc|any'
+for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT; do
+	check_value "$v" "${!v}" '[01]'
+done
+for t in ${VERBS_TOOLS//,/ }; do
+	check_value VERBS_TOOLS "$t" 'pingpong|write_bw|send_bw|read_bw|send_lat|write_lat|read_lat'
+done
+case "$MODE" in
+smc-server | smc-client | verbs-server | verbs-client)
+	[ -n "$PEER_CMD" ] || die "$EXIT_USAGE" "MODE=$MODE needs PEER_CMD (your side of the test)"
+	;;
+esac
+
+# ------------------------------------------------------------------ setup
+[ "$(id -u)" = 0 ] || cannot_run "needs root (network namespaces, taps, apt)"
+mkdir -p "$OUT" "$KPEER_CACHE"
+log "mode $MODE, output in $OUT"
+ensure_host_tools
+T0=$(date +%s.%N)
+# one harness at a time may download and build into the cache
+exec 9>"$KPEER_CACHE/.lock"
+flock 9
+resolve_kernel
+resolve_userland
+timing fetch_s "$(elapsed "$T0")"
+T0=$(date +%s.%N)
+build_image
+timing build_s "$(elapsed "$T0")"
+flock -u 9
+log "kernel $KPKG $KDEBVER ($KVER)"
+if [ "$MODE" = prepare ]; then
+	log "prepared: $BASE_INITRD"
+	exit "$EXIT_PASS"
+fi
+
+T0=$(date +%s.%N)
+choose_accel
+timing accel_probe_s "$(elapsed "$T0")"
+setup_net
+export_peer_env
+start_capture
+
+# What verdict.py needs to know about this run
+{
+	for v in MODE SCEN SIZES CONNS HOLD IDLE BUFSIZE EXPECT CHECK_TESTLINK CHECK_OPTION TEARDOWN PORT \
+		SERVER_UEID CLIENT_UEID PEER_UEID SYSCTLS VERBS_TOOLS VERBS_ITERS VERBS_SIZE \
+		CAPTURE DECODE PEER_MUST_EXIT DMESG_FAIL KPKG KDEBVER KVER; do
+		printf '%s=%s\n' "$v" "${!v}"
+	done
+	printf 'ACCEL=%s\nSERVER_IP=%s\nCLIENT_IP=%s\nPEER_IP=%s\nHAS_PEER=%s\n' \
+		"$ACCEL_USED" "$SERVER_IP" "$CLIENT_IP" "$PEER_IP" "$([ -n "$PEER_CMD" ] && echo 1 || echo 0)"
+} >"$OUT/config.env"
+
+# ------------------------------------------------------------------ VMs
+smc_conf() { # NAME ROLE IP PEER UEID
+	write_conf "$OUT/$1" KP_VM="$1" KP_ROLE="$2" KP_IP="$3/$NET_PREFIX" KP_PEER="$4" \
+		KP_PORT="$PORT" KP_SCEN="$SCEN" KP_SIZES="$SIZES" KP_CONNS="$CONNS" KP_HOLD="$HOLD" \
+		KP_IDLE="$IDLE" KP_BUFSIZE="$BUFSIZE" KP_UEID="$5" KP_SYSCTLS="$SYSCTLS" \
+		KP_TEARDOWN="$TEARDOWN" KP_IOTIMEOUT="$IOTIMEOUT"
+}
+verbs_conf() { # NAME ROLE IP PEER
+	write_conf "$OUT/$1" KP_VM="$1" KP_ROLE="$2" KP_IP="$3/$NET_PREFIX" KP_PEER="$4" \
+		KP_VERBS_PORT="$VERBS_PORT" KP_VERBS_ITERS="$VERBS_ITERS" \
+		KP_VERBS_TIMEOUT="$VERBS_TIMEOUT" KP_VERBS_ARGS="$VERBS_ARGS" KP_VERBS_CHK="$VERBS_CHK"
+}
+infra() { # note a harness-level failure; the verdict fails on it
+	log "FAILED: $*"
+	INFRA_ERRORS="$INFRA_ERRORS $(echo "$*" | tr ' ' '-')"
+}
+vm_gid() { # NAME: the VM's RoCEv2 GID (from its ready line)
+	grep -a -m1 '^KPEER ready ' "$OUT/$1/results.log" | sed -n 's/.* gid=\([^ ]*\).*/\1/p'
+}
+ready_or_fail() { # NAME: wait until the VM reports ready
+	vm_wait "$1" 'ready ' 1 180 || {
+		infra "VM $1 did not get ready (see $OUT/$1/console.log)"
+		return 1
+	}
+	log "VM $1 ready: $(grep -a -m1 '^KPEER ready ' "$OUT/$1/results.log" | cut -d' ' -f3-)"
+}
+
+T_VM=$(date +%s.%N)
+export KPEER_SCEN=$SCEN KPEER_SIZES=$SIZES KPEER_CONNS=$PLANNED_CONNS KPEER_HOLD=$HOLD KPEER_IDLE=$IDLE
+export KPEER_BUFSIZE=$BUFSIZE KPEER_PORT=$PORT KPEER_UEID=$PEER_UEID
+
+case "$MODE" in
+smc-pair)
+	smc_conf server smc-server "$SERVER_IP" "" "$SERVER_UEID"
+	smc_conf client smc-client "$CLIENT_IP" "$SERVER_IP" "$CLIENT_UEID"
+	boot_vm server tap0 "$SERVER_MAC"
+	boot_vm client tap1 "$CLIENT_MAC"
+	if ready_or_fail server && ready_or_fail client &&
+		vm_wait server 'listen ' 1 60 && vm_wait client 'wait-go' 1 60; then
+		vm_ctl client go
+		vm_wait client 'client-finished' 1 "$VM_TIMEOUT" || infra "client VM did not finish in ${VM_TIMEOUT}s"
+		vm_ctl server stop
+		vm_finish server
+		vm_ctl client stop
+		vm_finish client
+	else
+		infra "VMs did not come up"
+		vm_abort client
+		vm_abort server
+	fi
+	;;
+
+smc-server)
+	smc_conf server smc-server "$SERVER_IP" "" "$SERVER_UEID"
+	boot_vm server tap0 "$SERVER_MAC"
+	export KPEER_ROLE=client KPEER_PEER_IP=$SERVER_IP KPEER_KERNEL_UEID=$SERVER_UEID
+	if ready_or_fail server && vm_wait server 'listen ' 1 60; then
+		KPEER_GID=$(vm_gid server)
+		export KPEER_GID
+		timing vm_ready_s "$(elapsed "$T_VM")"
+		start_peer smc-client
+		# PEER_CMD is done when it exits or touches $KPEER_DONE_FILE
+		deadline=$(($(date +%s) + PEER_TIMEOUT))
+		while alive "$PEER_PID" && [ ! -e "$KPEER_DONE_FILE" ] && [ "$(date +%s)" -lt "$deadline" ]; do
+			sleep 0.2
+		done
+		[ "$(date +%s)" -lt "$deadline" ] || infra "PEER_CMD did not finish in ${PEER_TIMEOUT}s"
+		vm_ctl server stop
+		vm_finish server
+		stop_peer "$PEER_GRACE"
+	else
+		vm_abort server
+	fi
+	;;
+
+smc-client)
+	smc_conf client smc-client "$CLIENT_IP" "$PEER_IP" "$CLIENT_UEID"
+	export KPEER_ROLE=server KPEER_PEER_IP=$CLIENT_IP KPEER_KERNEL_UEID=$CLIENT_UEID
+	start_peer smc-server
+	boot_vm client tap1 "$CLIENT_MAC"
+	wait_ok=1
+	deadline=$(($(date +%s) + 120))
+	until peer_listening "$PORT"; do
+		if ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; then
+			infra "PEER_CMD is not listening on $PEER_IP:$PORT"
+			wait_ok=0
+			break
+		fi
+		sleep 0.2
+	done
+	if [ "$wait_ok" = 1 ] && ready_or_fail client && vm_wait client 'wait-go' 1 60; then
+		timing vm_ready_s "$(elapsed "$T_VM")"
+		KPEER_GID=$(vm_gid client)
+		export KPEER_GID
+		vm_ctl client go
+		vm_wait client 'client-finished' 1 "$VM_TIMEOUT" || infra "client VM did not finish in ${VM_TIMEOUT}s"
+		vm_ctl client stop
+		vm_finish client
+	else
+		vm_abort client
+	fi
+	stop_peer "$PEER_GRACE"
+	;;
+
+verbs-*)
+	VMS=""
+	if [ "$MODE" != verbs-client ]; then
+		verbs_conf server verbs-server "$SERVER_IP" ""
+		boot_vm server tap0 "$SERVER_MAC"
+		VMS="server"
+	fi
+	if [ "$MODE" != verbs-server ]; then
+		if [ "$MODE" = verbs-client ]; then
+			verbs_conf client verbs-client "$CLIENT_IP" "$PEER_IP"
+		else
+			verbs_conf client verbs-client "$CLIENT_IP" "$SERVER_IP"
+		fi
+		boot_vm client tap1 "$CLIENT_MAC"
+		VMS="$VMS client"
+	fi
+	up=1
+	for v in $VMS; do ready_or_fail "$v" || up=0; done
+	# run_in VM TOOL SIZE: hand the VM its next tool (it is idle between tools)
+	declare -A SENT=([server]=0 [client]=0)
+	run_in() {
+		vm_wait "$1" 'wait-cmd' "$((SENT[$1] + 1))" 60 && vm_ctl "$1" "run:$2:$3" &&
+			SENT[$1]=$((SENT[$1] + 1))
+	}
+	if [ "$up" = 1 ]; then
+		timing vm_ready_s "$(elapsed "$T_VM")"
+		for tool in ${VERBS_TOOLS//,/ }; do
+			size=$VERBS_SIZE
+			if [ -z "$size" ]; then
+				case "$tool" in
+				pingpong) size=4096 ;;
+				*_bw) size=16384 ;;
+				*) size=64 ;;
+				esac
+			fi
+			export KPEER_TOOL=$tool KPEER_ITERS=$VERBS_ITERS KPEER_SIZE=$size KPEER_PORT=$VERBS_PORT
+			log "verbs tool: $tool, $VERBS_ITERS iterations of $size bytes"
+			case "$MODE" in
+			verbs-pair)
+				if run_in server "$tool" "$size" &&
+					vm_wait server "verbs-ready vm=server tool=$tool " 1 60 &&
+					run_in client "$tool" "$size"; then
+					vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
+						infra "client $tool did not finish"
+				else
+					infra "$tool could not be started"
+				fi
+				vm_wait server "verbs vm=server tool=$tool " 1 "$((VERBS_TIMEOUT + 30))" ||
+					infra "server $tool did not finish"
+				;;
+			verbs-server)
+				export KPEER_ROLE=client KPEER_PEER_IP=$SERVER_IP
+				KPEER_GID=$(vm_gid server)
+				export KPEER_GID
+				if run_in server "$tool" "$size" &&
+					vm_wait server "verbs-ready vm=server tool=$tool " 1 60; then
+					KPEER_TOOL_CMD=$(grep -a "^KPEER verbs-ready vm=server tool=$tool " "$OUT/server/results.log" |
+						sed -n 's/.* cmd=\([^ ]*\).*/\1/p' | tr '+' ' ')
+					export KPEER_TOOL_CMD
+					start_peer "$tool"
+					wait_gone "$PEER_PID" "$((VERBS_TIMEOUT + 30))" || infra "PEER_CMD ($tool) timed out"
+					stop_peer 0
+				else
+					infra "server $tool could not be started"
+				fi
+				vm_wait server "verbs vm=server tool=$tool " 1 "$((VERBS_TIMEOUT + 30))" ||
+					infra "server $tool did not finish"
+				;;
+			verbs-client)
+				export KPEER_ROLE=server KPEER_PEER_IP=$CLIENT_IP
+				KPEER_GID=$(vm_gid client)
+				export KPEER_GID
+				start_peer "$tool"
+				deadline=$(($(date +%s) + 60))
+				until peer_listening "$VERBS_PORT" || ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; do
+					sleep 0.1
+				done
+				if ! peer_listening "$VERBS_PORT"; then
+					infra "PEER_CMD ($tool) is not listening on $PEER_IP:$VERBS_PORT"
+				elif run_in client "$tool" "$size"; then
+					vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
+						infra "client $tool did not finish"
+				fi
+				stop_peer "$((VERBS_TIMEOUT / 2 + 5))"
+				;;
+			esac
+		done
+	fi
+	for v in $VMS; do
+		if [ "$up" = 1 ] && vm_wait "$v" 'wait-cmd' "$((SENT[$v] + 1))" "$((VERBS_TIMEOUT + 10))"; then
+			vm_ctl "$v" stop
+			vm_finish "$v"
+		else
+			vm_abort "$v"
+		fi
+	done
+	;;
+esac
+timing vm_phase_s "$(elapsed "$T_VM")"
+stop_capture
+
+# ------------------------------------------------------------------ verdict
+if [ "$CAPTURE" = 1 ] && [ "$DECODE" = 1 ] && [ -s "$OUT/capture.pcap" ]; then
+	T0=$(date +%s.%N)
+	python3 "$KPEER_DIR/decode/decode.py" "$OUT/capture.pcap" "$OUT/decode" --summary --verbose ||
+		infra "decoding the capture failed"
+	timing decode_s "$(elapsed "$T0")"
+fi
+timing total_s "$(elapsed)"
+{
+	printf 'kernel=%s %s (%s) accel=%s mode=%s\n' "$KPKG" "$KDEBVER" "$KVER" "$ACCEL_USED" "$MODE"
+	printf '%s\n' "${TIMINGS[@]}"
+} >"$OUT/timings.txt"
+printf 'INFRA_ERRORS=%s\n' "$INFRA_ERRORS" >>"$OUT/config.env"
+rc=0
+python3 "$KPEER_DIR/lib/verdict.py" "$OUT" || rc=$?
+if [ -s "$OUT/peer/peer.log" ]; then
+	log "last lines of PEER_CMD's output ($OUT/peer/peer.log):"
+	tail -n 15 "$OUT/peer/peer.log" | sed 's/^/    /' >&2
+fi
+log "timings: $(tr '\n' ' ' <"$OUT/timings.txt")"
+log "artefacts: $OUT"
+exit "$rc"
