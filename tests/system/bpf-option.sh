@@ -31,10 +31,10 @@ CG_ROOT=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts)
 [ -n "$CG_ROOT" ] || skip "no cgroup2 filesystem mounted" always
 
 BIN=${CARGO_TARGET_DIR:-target}/release
-if [ ! -x "$BIN/smc-bpf" ] || [ ! -x "$BIN/smc-bpf-probe" ]; then
-  cargo build --release -q -p smc-bpf --bins || { echo "FAIL: build"; exit 1; }
+if [ ! -x "$BIN/smc" ] || [ ! -x "$BIN/smc-bpf-probe" ]; then
+  cargo build --release -q -p smc-cli -p smc-bpf --bins || { echo "FAIL: build"; exit 1; }
 fi
-BPF="$BIN/smc-bpf"; PROBE="$BIN/smc-bpf-probe"
+BPF=("$BIN/smc" bpf); PROBE="$BIN/smc-bpf-probe"
 
 ID=$$
 NS_C=smcb-c-$ID; NS_S=smcb-s-$ID
@@ -51,7 +51,7 @@ cleanup() {
   local p
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  "$BPF" uninstall --pin-dir "$PIN" >/dev/null 2>&1 || rm -rf "$PIN"
+  "${BPF[@]}" uninstall --pin-dir "$PIN" >/dev/null 2>&1 || rm -rf "$PIN"
   if [ -e "${HOG_PIN:-}" ]; then
     bpftool cgroup detach "$HOG_CG" sock_ops pinned "$HOG_PIN" 2>/dev/null
     rm -f "$HOG_PIN"
@@ -91,7 +91,7 @@ ip -n "$NS_C" link set vc up; ip -n "$NS_S" link set vs up
 for n in "$NS_C" "$NS_S"; do ip netns exec "$n" sysctl -qw net.ipv4.tcp_fastopen=3; done
 mkdir "$CG" || { echo "FAIL: cannot create cgroup $CG"; exit 1; }
 
-if ! "$BPF" install --cgroup "$CG" --pin-dir "$PIN" > "$WORK/install.txt" 2>&1; then
+if ! "${BPF[@]}" install --cgroup "$CG" --pin-dir "$PIN" > "$WORK/install.txt" 2>&1; then
   cat "$WORK/install.txt"; echo "FAIL: install"; exit 1
 fi
 grep -q "^installed: $PIN" "$WORK/install.txt" && grep -q "cgroup $CG " "$WORK/install.txt" \
@@ -334,7 +334,7 @@ if grep -q '^option-unavailable reason="SMC-R option unavailable: ' "$WORK/perm-
 else fail "map not readable"; cat "$WORK/perm-denied.cli" "$WORK/perm-denied.srv"; fi
 
 # With --group the same user may mark: both sides announce.
-"$BPF" install --cgroup "$CG" --pin-dir "$PIN" --group nogroup > "$WORK/install2.txt" 2>&1 \
+"${BPF[@]}" install --cgroup "$CG" --pin-dir "$PIN" --group nogroup > "$WORK/install2.txt" 2>&1 \
   || { cat "$WORK/install2.txt"; fail "install --group"; }
 grep -q "map: .*0660 uid 0 group nogroup" "$WORK/install2.txt" || fail "map permissions for the group"
 run_case_nobody perm-group
@@ -344,13 +344,13 @@ if grep -q "^connected outcome=BothAnnounced " "$WORK/perm-group.cli" \
 else fail "install --group"; cat "$WORK/perm-group.cli" "$WORK/perm-group.srv"; fi
 
 # --- status / uninstall ------------------------------------------------------
-"$BPF" status --pin-dir "$PIN" > "$WORK/status.txt" 2>&1 && grep -q "attached:  link id" "$WORK/status.txt" \
+"${BPF[@]}" status --pin-dir "$PIN" > "$WORK/status.txt" 2>&1 && grep -q "attached:  link id" "$WORK/status.txt" \
   && ok "status reports the attachment" || { fail "status"; cat "$WORK/status.txt"; }
-"$BPF" uninstall --pin-dir "$PIN" >/dev/null 2>&1 && [ ! -e "$PIN" ] || fail "uninstall"
-"$BPF" uninstall --pin-dir "$PIN" >/dev/null 2>&1 || fail "uninstall is not idempotent"
+"${BPF[@]}" uninstall --pin-dir "$PIN" >/dev/null 2>&1 && [ ! -e "$PIN" ] || fail "uninstall"
+"${BPF[@]}" uninstall --pin-dir "$PIN" >/dev/null 2>&1 || fail "uninstall is not idempotent"
 if bpftool cgroup show "$CG" 2>/dev/null | grep -q smc_sockops; then fail "program still attached after uninstall"
 else ok "uninstall detached and unpinned (twice)"; fi
-"$BPF" status --pin-dir "$PIN" | grep -q "^not installed" || fail "status after uninstall"
+"${BPF[@]}" status --pin-dir "$PIN" | grep -q "^not installed" || fail "status after uninstall"
 
 if [ "$FAILS" -gt 0 ]; then echo "bpf-option: $FAILS check(s) failed"; exit 1; fi
 echo "bpf-option: all checks passed"

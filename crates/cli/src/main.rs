@@ -4,6 +4,7 @@
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
 #[command(name = "smc", version, about = "smc-rs: userspace SMC-R (RFC 7609)")]
@@ -16,10 +17,29 @@ struct Cli {
 enum Command {
     /// Print every SMC message (TCP option, CLC, LLC, CDC) in a pcap/pcapng capture.
     Decode(smc_cli::decode::Args),
+    /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
+    #[command(subcommand)]
+    Bpf(smc_bpf::cli::BpfCommand),
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
         Command::Decode(args) => smc_cli::decode::command(&args),
+        Command::Bpf(cmd) => {
+            smc_bpf::route_libbpf_logs();
+            match smc_bpf::cli::run(cmd) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("smc bpf: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
