@@ -4,3 +4,4 @@
 //! See `docs/core-design.md` for the module map and the threading model.
 
 pub mod conn;
+pub mod llc;

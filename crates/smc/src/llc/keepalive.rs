@@ -1,0 +1,92 @@
+//! TEST LINK: the echo (RFC 7609 A.3.8, TL-1/TL-2) and the link keepalive (§4.5.3, B.22;
+//! Linux `smc_llc_testlink_work`).
+
+use std::time::Instant;
+
+use smc_wire::llc::{LlcMessage, TestLink};
+use tracing::debug;
+
+use super::link::PendingTest;
+use super::{LinkDownReason, LinkGroup, LinkId, Purpose};
+
+impl LinkGroup {
+    /// TEST LINK request: echo it at once on the same link, whatever else is going on
+    /// (§3.3, §3.5.5.3: group 1; Linux tears the link down after 2 s without an answer, H9).
+    /// Response: it must carry the user data we sent (C.7.1).
+    pub(super) fn rx_test_link(&mut self, now: Instant, link: LinkId, m: &TestLink) {
+        if !m.response {
+            let r = TestLink {
+                v2: self.v2(),
+                response: true,
+                user_data: m.user_data,
+            };
+            self.send(link, &LlcMessage::TestLink(r), Purpose::Plain);
+            return;
+        }
+        let Some(l) = self.find_mut(link) else { return };
+        match l.test {
+            Some(t) if t.data == m.user_data => l.test = None,
+            Some(_) => {
+                self.protocol_violation(now, link, "TEST LINK response with other user data")
+            }
+            None => debug!(%link, "unsolicited TEST LINK response dropped"),
+        }
+    }
+
+    pub(super) fn keepalive_deadline(&self) -> Option<std::time::Instant> {
+        let interval = self.cfg.timers.test_link_interval;
+        self.links
+            .iter()
+            .filter(|l| l.is_active())
+            .filter_map(|l| match (l.test, interval) {
+                (Some(t), _) => Some(t.deadline),
+                (None, Some(iv)) => Some(l.last_rx + iv),
+                (None, None) => None,
+            })
+            .min()
+    }
+
+    pub(super) fn keepalive_timeout(&mut self, now: Instant) {
+        let interval = self.cfg.timers.test_link_interval;
+        let ids: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|l| l.is_active())
+            .map(|l| l.id)
+            .collect();
+        for id in ids {
+            let Some(l) = self.find(id) else { continue };
+            match (l.test, interval) {
+                (Some(t), _) if t.deadline <= now => {
+                    // KA-3: no reply: the link has failed.
+                    self.link_failed(now, id, LinkDownReason::TestLinkTimeout);
+                }
+                (None, Some(iv)) if l.last_rx + iv <= now => {
+                    let data = self.test_data();
+                    let m = TestLink {
+                        v2: self.v2(),
+                        response: false,
+                        user_data: data,
+                    };
+                    self.send(id, &LlcMessage::TestLink(m), Purpose::Plain);
+                    let deadline = now + self.cfg.timers.reply;
+                    if let Some(l) = self.find_mut(id) {
+                        l.test = Some(PendingTest { data, deadline });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// User data of our TEST LINK: a sequence number (REC: a nonce), or zeros like Linux.
+    fn test_data(&mut self) -> [u8; 16] {
+        let mut d = [0u8; 16];
+        if !self.cfg.linux_compat {
+            self.test_seq = self.test_seq.wrapping_add(1);
+            d[..8].copy_from_slice(&self.test_seq.to_be_bytes());
+            d[8..12].copy_from_slice(&self.cfg.lgr_id.to_be_bytes());
+        }
+        d
+    }
+}
