@@ -551,6 +551,10 @@ impl LinkGroup {
         }
         info!(%link, num = l.num, asym, "link up");
         self.emit(Event::LinkUp(link));
+        // More devices and room for more links: keep adding (§3.5.5.1.1).
+        if self.choose_add_device().is_some_and(|(_, a)| !a) {
+            self.queue_add_link();
+        }
         // INV-9: once a symmetric link exists, the asymmetric one goes (reason 0x00050000).
         if !asym {
             if let Some(a) = self

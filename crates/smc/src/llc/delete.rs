@@ -374,7 +374,7 @@ impl LinkGroup {
         self.client_dels.push(ClientDelete {
             link,
             carrying,
-            deadline: now + self.cfg.timers.reply,
+            deadline: now + self.cfg.timers.delete_link_wait,
         });
     }
 

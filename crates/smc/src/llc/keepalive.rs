@@ -4,7 +4,6 @@
 use std::time::Instant;
 
 use smc_wire::llc::{LlcMessage, TestLink};
-use tracing::debug;
 
 use super::link::PendingTest;
 use super::{LinkDownReason, LinkGroup, LinkId, Purpose};
@@ -29,7 +28,8 @@ impl LinkGroup {
             Some(_) => {
                 self.protocol_violation(now, link, "TEST LINK response with other user data")
             }
-            None => debug!(%link, "unsolicited TEST LINK response dropped"),
+            // TC-LGM-24: a reply on another link than its request (§3.3) is out of sync.
+            None => self.protocol_violation(now, link, "TEST LINK response without a request"),
         }
     }
 

@@ -219,6 +219,9 @@ pub struct LlcTimers {
     pub new_link_confirm: Duration,
     /// Client: wait for the server's ADD LINK after first contact (Linux: 2 s).
     pub add_link_wait: Duration,
+    /// Client: wait for the server's DELETE LINK after asking for one (CDL-5). Longer than
+    /// any exchange the server may finish first (it queues the request, §3.5.5.3).
+    pub delete_link_wait: Duration,
     /// Server: retry a failed link addition after this long (C.8); `None`: only on a
     /// stimulus (client request, new device).
     pub add_link_retry: Option<Duration>,
@@ -239,6 +242,7 @@ impl LlcTimers {
             reply: Duration::from_secs(2),
             new_link_confirm: Duration::from_secs(5),
             add_link_wait: Duration::from_secs(2),
+            delete_link_wait: Duration::from_secs(10),
             add_link_retry: Some(Duration::from_secs(60)),
             test_link_interval: Some(Duration::from_secs(30)),
             linger: Some(Duration::from_secs(match role {

@@ -846,6 +846,8 @@ pub struct RandomOpts {
     pub terminate: bool,
     /// Swallow (lose) an LLC message now and then (per-mille).
     pub swallow_permille: u64,
+    /// Put the trace tail into the report.
+    pub keep_trace: bool,
 }
 
 impl Default for RandomOpts {
@@ -855,6 +857,7 @@ impl Default for RandomOpts {
             failures: true,
             terminate: true,
             swallow_permille: 0,
+            keep_trace: false,
         }
     }
 }
@@ -870,6 +873,10 @@ pub struct RandomReport {
     pub rmbs_confirmed: usize,
     /// LLC messages sent.
     pub messages: usize,
+    /// The trace tail ([`RandomOpts::keep_trace`]).
+    pub trace: String,
+    /// Messages sent per label ([`Wire::label`]).
+    pub counts: BTreeMap<String, usize>,
 }
 
 /// One seeded random run; `Err` carries the seed, the configuration and the trace tail.
@@ -914,7 +921,8 @@ pub fn run_random(seed: u64, cfg: SimConfig, opts: &RandomOpts) -> Result<Random
             }
             56..=61 if opts.failures => {
                 let links: Vec<LinkId> = sim.hosts[h].lg.links().map(|l| l.id).collect();
-                if !links.is_empty() {
+                // Mostly break a link of a group that has another one to fail over to.
+                if links.len() > 1 || (!links.is_empty() && rng.chance(15)) {
                     let l = links[rng.below(links.len() as u64) as usize];
                     sim.break_link(h, l);
                     if rng.chance(50) {
@@ -937,7 +945,7 @@ pub fn run_random(seed: u64, cfg: SimConfig, opts: &RandomOpts) -> Result<Random
                     });
                 }
             }
-            66 if opts.terminate => sim.with(h, |x, now| x.lg.terminate(now)),
+            66 if opts.terminate && seed % 3 == 0 => sim.with(h, |x, now| x.lg.terminate(now)),
             _ => {
                 let ms = rng.below(3000);
                 sim.run_for(Duration::from_millis(ms));
@@ -964,7 +972,12 @@ pub fn run_random(seed: u64, cfg: SimConfig, opts: &RandomOpts) -> Result<Random
             .filter(|e| matches!(e, Event::RmbConfirmed(_)))
             .count(),
         messages: sim.trace.len(),
+        trace: String::new(),
+        counts: BTreeMap::new(),
     };
+    for w in &sim.trace {
+        *report.counts.entry(w.label()).or_default() += 1;
+    }
     // Give keepalive a full round after the last exchange, then check.
     let iv = cfg
         .server
@@ -974,6 +987,9 @@ pub fn run_random(seed: u64, cfg: SimConfig, opts: &RandomOpts) -> Result<Random
     sim.run_for(iv * 3);
     let settled = settled && sim.settle(Duration::from_secs(120));
     report.terminated = sim.hosts.iter().all(|h| h.lg.is_terminated());
+    if opts.keep_trace {
+        report.trace = sim.dump();
+    }
     let res = if settled {
         sim.check_consistent()
     } else {

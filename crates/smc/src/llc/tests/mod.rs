@@ -2,6 +2,7 @@
 //! conformance IDs (§E.3 FC, §E.4 SL, §E.6 LGM, §E.7 RK, §E.8 LLC, §E.12 KA).
 
 mod first;
+mod random;
 
 use std::time::Duration;
 
