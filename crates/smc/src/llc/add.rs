@@ -7,15 +7,15 @@ use std::time::Instant;
 
 use smc_wire::common::{Gid, QpMtu};
 use smc_wire::llc::{
-    AddLink, AddLinkCont, AddLinkRtoken, AddLinkV2Ext, ConfirmLink, DeleteLinkReason,
-    LlcMessage, ReqAddLink, RtokenList, ADD_LINK_RSN_INVALID_MTU, ADD_LINK_RSN_NO_ALT_PATH,
+    AddLink, AddLinkCont, AddLinkRtoken, AddLinkV2Ext, ConfirmLink, DeleteLinkReason, LlcMessage,
+    ReqAddLink, RtokenList, ADD_LINK_RSN_INVALID_MTU, ADD_LINK_RSN_NO_ALT_PATH,
 };
 use tracing::{debug, info, warn};
 
 use super::link::{Link, LinkState, PeerQp};
 use super::{
-    Config, Device, DeviceId, Event, First, LinkDownReason, LinkGroup, LinkId, LlcOut, Op,
-    Purpose, Role, TerminateReason,
+    Config, Device, DeviceId, Event, First, LinkDownReason, LinkGroup, LinkId, LlcOut, Op, Purpose,
+    Role, TerminateReason,
 };
 
 /// Server side of an ADD LINK exchange.
@@ -123,7 +123,9 @@ impl LinkGroup {
         if self.cfg.role != Role::Server {
             return;
         }
-        let Some(carrying) = self.pick_active(None) else { return };
+        let Some(carrying) = self.pick_active(None) else {
+            return;
+        };
         let Some((device, asym)) = self.choose_add_device() else {
             debug!("no link to add");
             return;
@@ -136,7 +138,8 @@ impl LinkGroup {
         self.links.push(l);
         self.add_retry_at = None;
         info!(%id, num, ?device, asym, "adding a link");
-        self.out.push_back(super::Output::CreateLink { link: id, device });
+        self.out
+            .push_back(super::Output::CreateLink { link: id, device });
         self.config = Some(Config::SrvAdd(SrvAdd {
             new: id,
             carrying,
@@ -212,7 +215,9 @@ impl LinkGroup {
             }
             Some(Config::CliAdd(mut f)) if f.new == link => {
                 let Some(l) = self.find_mut(link) else { return };
-                let (Some(qp), Some(mut peer)) = (l.local, l.peer) else { return };
+                let (Some(qp), Some(mut peer)) = (l.local, l.peer) else {
+                    return;
+                };
                 peer.mtu = peer.mtu.min(qp.mtu);
                 l.peer = Some(peer);
                 l.state = LinkState::Connecting;
@@ -229,7 +234,9 @@ impl LinkGroup {
     pub(super) fn link_connected(&mut self, now: Instant, link: LinkId) {
         match self.config.clone() {
             Some(Config::SrvAdd(mut f)) if f.new == link => {
-                let SrvStage::Connecting { rtokens } = &f.stage else { return };
+                let SrvStage::Connecting { rtokens } = &f.stage else {
+                    return;
+                };
                 if let Some(l) = self.find_mut(link) {
                     l.state = LinkState::Confirming;
                 }
@@ -250,7 +257,9 @@ impl LinkGroup {
                 if let Some(l) = self.find_mut(link) {
                     l.state = LinkState::Confirming;
                 }
-                let Some(m) = self.add_link_msg(link, f.carrying, true) else { return };
+                let Some(m) = self.add_link_msg(link, f.carrying, true) else {
+                    return;
+                };
                 self.send(f.carrying, &m.as_wire(), Purpose::Plain);
                 if self.v2() {
                     f.stage = CliStage::AwaitConfirm;
@@ -309,7 +318,9 @@ impl LinkGroup {
     /// The server's attempt ended without a link; `carrying_failed`: C.7.1 says the
     /// carrying link failed too.
     fn srv_add_failed(&mut self, now: Instant, carrying_failed: bool) {
-        let Some(Config::SrvAdd(f)) = self.config.take() else { return };
+        let Some(Config::SrvAdd(f)) = self.config.take() else {
+            return;
+        };
         self.remove_link(f.new);
         self.arm_add_retry(now);
         if carrying_failed {
@@ -318,7 +329,9 @@ impl LinkGroup {
     }
 
     fn srv_send_cont(&mut self, now: Instant, mut f: SrvAdd) {
-        let SrvStage::Cont { mine, .. } = &mut f.stage else { return };
+        let SrvStage::Cont { mine, .. } = &mut f.stage else {
+            return;
+        };
         let num = mine.len().min(255) as u8;
         let mut rtokens = [AddLinkRtoken::default(); 2];
         let n = mine.len().min(2);
@@ -346,7 +359,13 @@ impl LinkGroup {
     /// Records the peer's RToken pairs for a new link. Unknown reference RKeys are a
     /// protocol error in v1 (ALC-A6); Linux ignores them (`smc_rtoken_set`), and so do we
     /// for v2.
-    fn apply_pairs(&mut self, carrying: LinkId, new: LinkId, pairs: &[AddLinkRtoken], strict: bool) -> bool {
+    fn apply_pairs(
+        &mut self,
+        carrying: LinkId,
+        new: LinkId,
+        pairs: &[AddLinkRtoken],
+        strict: bool,
+    ) -> bool {
         for p in pairs {
             match self.rt.find_peer(carrying, p.rmb_key) {
                 Some(id) => {
@@ -424,7 +443,8 @@ impl LinkGroup {
         let same_peer = |l: &Link| {
             l.id != f.new
                 && l.is_alive()
-                && l.peer.is_some_and(|p| p.gid == m.gid && (!v1 || p.mac == m.mac))
+                && l.peer
+                    .is_some_and(|p| p.gid == m.gid && (!v1 || p.mac == m.mac))
         };
         let new_dev = self.find(f.new).map(|l| l.device);
         // C.7.1: a parallel link (same RNIC on both sides as an existing link) is not
@@ -434,7 +454,9 @@ impl LinkGroup {
             .iter()
             .any(|l| same_peer(l) && Some(l.device) == new_dev);
         let peer_asym = self.links.iter().any(same_peer);
-        let Some(l) = self.find_mut(f.new) else { return };
+        let Some(l) = self.find_mut(f.new) else {
+            return;
+        };
         let local_mtu = l.local.map_or(mtu, |q| q.mtu);
         let peer = PeerQp {
             mac: m.mac,
@@ -457,11 +479,12 @@ impl LinkGroup {
             return;
         }
         l.state = LinkState::Connecting;
-        let rtokens = m.ext.map(|e| e.rtokens.iter().collect()).unwrap_or_default();
-        self.out.push_back(super::Output::ConnectLink {
-            link: f.new,
-            peer,
-        });
+        let rtokens = m
+            .ext
+            .map(|e| e.rtokens.iter().collect())
+            .unwrap_or_default();
+        self.out
+            .push_back(super::Output::ConnectLink { link: f.new, peer });
         f.stage = SrvStage::Connecting { rtokens };
         f.deadline = None;
         self.config = Some(Config::SrvAdd(f));
@@ -524,12 +547,16 @@ impl LinkGroup {
 
     /// Server: CONFIRM LINK response on the new link (SL-S9).
     pub(super) fn srv_confirm_response(&mut self, now: Instant, link: LinkId, m: &ConfirmLink) {
-        let Some(Config::SrvAdd(f)) = self.config.clone() else { return };
+        let Some(Config::SrvAdd(f)) = self.config.clone() else {
+            return;
+        };
         if !matches!(f.stage, SrvStage::AwaitConfirm) {
             debug!(%link, "CONFIRM LINK response out of sequence dropped");
             return;
         }
-        let Some(l) = self.find(link).cloned() else { return };
+        let Some(l) = self.find(link).cloned() else {
+            return;
+        };
         if self.check_confirm(&l, m).is_err() || m.link_num != l.num {
             // AMB-50: handled like the client's case: delete the new link.
             warn!(%link, "invalid CONFIRM LINK response on the new link");
@@ -591,9 +618,10 @@ impl LinkGroup {
         let v1 = !self.v2();
         let alive: Vec<&Link> = self.links.iter().filter(|l| l.is_alive()).collect();
         // SL-C1: does the server offer an RNIC it already uses with us?
-        let same_server = alive
-            .iter()
-            .any(|l| l.peer.is_some_and(|p| p.gid == m.gid && (!v1 || p.mac == m.mac)));
+        let same_server = alive.iter().any(|l| {
+            l.peer
+                .is_some_and(|p| p.gid == m.gid && (!v1 || p.mac == m.mac))
+        });
         let unused = self
             .devices
             .iter()
@@ -622,7 +650,9 @@ impl LinkGroup {
             self.cli_reject(link, m, ADD_LINK_RSN_NO_ALT_PATH);
             return;
         }
-        let Ok(mtu) = QpMtu::from_code(m.qp_mtu) else { return };
+        let Ok(mtu) = QpMtu::from_code(m.qp_mtu) else {
+            return;
+        };
         let id = self.new_link_id();
         let mut l = Link::new(id, m.link_num, device, now);
         l.asym = asym;
@@ -641,7 +671,8 @@ impl LinkGroup {
             let pairs: Vec<AddLinkRtoken> = e.rtokens.iter().collect();
             self.apply_pairs(link, id, &pairs, false);
         }
-        self.out.push_back(super::Output::CreateLink { link: id, device });
+        self.out
+            .push_back(super::Output::CreateLink { link: id, device });
         self.config = Some(Config::CliAdd(CliAdd {
             new: id,
             carrying: link,
@@ -714,12 +745,16 @@ impl LinkGroup {
 
     /// Client: CONFIRM LINK on the new link (SL-C9).
     pub(super) fn cli_confirm_request(&mut self, now: Instant, link: LinkId, m: &ConfirmLink) {
-        let Some(Config::CliAdd(f)) = self.config.clone() else { return };
+        let Some(Config::CliAdd(f)) = self.config.clone() else {
+            return;
+        };
         if !matches!(f.stage, CliStage::AwaitConfirm) {
             self.protocol_violation(now, link, "CONFIRM LINK before the RTokens");
             return;
         }
-        let Some(l) = self.find(link).cloned() else { return };
+        let Some(l) = self.find(link).cloned() else {
+            return;
+        };
         if self.check_confirm(&l, m).is_err() || m.link_num != l.num {
             // C.7.1: incorrect link information → bring the link down with DELETE LINK.
             warn!(%link, "invalid CONFIRM LINK on the new link");
@@ -752,7 +787,9 @@ impl LinkGroup {
         {
             return;
         }
-        let Some(link) = self.pick_active(None) else { return };
+        let Some(link) = self.pick_active(None) else {
+            return;
+        };
         if self.v2() {
             // Linux: the GIDs we could use, the current link's first (`smc_fill_gid_list`).
             let mut r = ReqAddLink::default();
@@ -826,7 +863,9 @@ impl LinkGroup {
                         self.config = None;
                         self.abandon(
                             now,
-                            TerminateReason::FirstContact(smc_wire::decline::DeclineCode::TIMEOUT_AL),
+                            TerminateReason::FirstContact(
+                                smc_wire::decline::DeclineCode::TIMEOUT_AL,
+                            ),
                             DeleteLinkReason::LOST_PATH,
                         );
                     } else {
@@ -852,7 +891,9 @@ impl LinkGroup {
                     if f.first_contact && !self.cfg.linux_compat {
                         self.abandon(
                             now,
-                            TerminateReason::FirstContact(smc_wire::decline::DeclineCode::TIMEOUT_AL),
+                            TerminateReason::FirstContact(
+                                smc_wire::decline::DeclineCode::TIMEOUT_AL,
+                            ),
                             DeleteLinkReason::LOST_PATH,
                         );
                     } else if self.cfg.linux_compat {

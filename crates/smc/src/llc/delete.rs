@@ -178,7 +178,9 @@ impl LinkGroup {
 
     /// SDL-6: no response; the carrying link is unusable too.
     pub(super) fn delete_timeout(&mut self, now: Instant) {
-        let Some(Config::SrvDel(d)) = self.config.take() else { return };
+        let Some(Config::SrvDel(d)) = self.config.take() else {
+            return;
+        };
         self.remove_link(d.link);
         self.link_failed(now, d.carrying, LinkDownReason::ReplyTimeout("DELETE LINK"));
     }
@@ -221,7 +223,9 @@ impl LinkGroup {
                 let done = matches!(&self.config, Some(Config::SrvDel(d))
                     if d.carrying == link && self.num_of(d.link) == m.link_num);
                 if done {
-                    let Some(Config::SrvDel(d)) = self.config.take() else { return };
+                    let Some(Config::SrvDel(d)) = self.config.take() else {
+                        return;
+                    };
                     debug!(link = %d.link, "DELETE LINK answered");
                     self.remove_link(d.link);
                     if self.active_count() < 2 && m.reason != DeleteLinkReason::NO_ASYM_NEEDED {
@@ -243,7 +247,10 @@ impl LinkGroup {
         let Some(target) = self.by_num(m.link_num) else {
             if self.gone_nums.contains(&m.link_num) {
                 // C.7.1: being cleaned up, a timing window.
-                debug!(num = m.link_num, "DELETE LINK for a link already gone ignored");
+                debug!(
+                    num = m.link_num,
+                    "DELETE LINK for a link already gone ignored"
+                );
             } else {
                 let r = DeleteLink {
                     v2: self.v2(),
@@ -322,7 +329,9 @@ impl LinkGroup {
             self.remove_link(target);
         }
         if self.active_count() == 0 {
-            self.finish(TerminateReason::NoLinks(LinkDownReason::PeerDeleted(m.reason)));
+            self.finish(TerminateReason::NoLinks(LinkDownReason::PeerDeleted(
+                m.reason,
+            )));
         }
     }
 
@@ -424,7 +433,9 @@ impl LinkGroup {
 
     /// LGT-7: the DELETE LINK (all) did not go out: try the next link, else give up.
     pub(super) fn delete_all_send_failed(&mut self, _now: Instant, link: LinkId) {
-        let Term::Ending { reason, .. } = self.term else { return };
+        let Term::Ending { reason, .. } = self.term else {
+            return;
+        };
         self.mark_down(link);
         match self.pick_active(None) {
             Some(next) => {
@@ -441,7 +452,12 @@ impl LinkGroup {
 
     /// Gives up on the link group: a best-effort DELETE LINK (all) so the peer need not
     /// wait for its timers, then [`LinkGroup::finish`].
-    pub(super) fn abandon(&mut self, _now: Instant, reason: TerminateReason, code: DeleteLinkReason) {
+    pub(super) fn abandon(
+        &mut self,
+        _now: Instant,
+        reason: TerminateReason,
+        code: DeleteLinkReason,
+    ) {
         if let Some(link) = self.pick_active(None) {
             let m = DeleteLink {
                 v2: self.v2(),
@@ -463,7 +479,8 @@ impl LinkGroup {
         }
         info!("link group terminated: {reason}");
         for l in std::mem::take(&mut self.links) {
-            self.out.push_back(super::Output::DestroyLink { link: l.id });
+            self.out
+                .push_back(super::Output::DestroyLink { link: l.id });
         }
         self.config = None;
         self.rkey = None;

@@ -39,7 +39,12 @@ impl LinkGroup {
 
     /// CONFIRM LINK for a link whose QP and number are known (A.3.1; Linux sets flag 0x03
     /// and `max_conns` in its layout).
-    pub(super) fn confirm_link_msg(&self, id: LinkId, response: bool, max_links: u8) -> ConfirmLink {
+    pub(super) fn confirm_link_msg(
+        &self,
+        id: LinkId,
+        response: bool,
+        max_links: u8,
+    ) -> ConfirmLink {
         let l = self.find(id);
         let dev = l.and_then(|l| self.device(l.device));
         let linux = self.cfg.linux_layout();
@@ -61,15 +66,25 @@ impl LinkGroup {
     /// "incorrect link information"): GID and QPN, the MAC in v1 (SMC-Rv2 peers are
     /// identified by GID), and the RMBE eye-catcher flag (Linux declines a mismatch with
     /// RMBE_EC).
-    pub(super) fn check_confirm(&self, l: &Link, m: &ConfirmLink) -> Result<(), (&'static str, DeclineCode)> {
+    pub(super) fn check_confirm(
+        &self,
+        l: &Link,
+        m: &ConfirmLink,
+    ) -> Result<(), (&'static str, DeclineCode)> {
         let Some(p) = l.peer else {
-            return Err(("CONFIRM LINK before the peer's QP is known", DeclineCode::CNFERR));
+            return Err((
+                "CONFIRM LINK before the peer's QP is known",
+                DeclineCode::CNFERR,
+            ));
         };
         if m.gid != p.gid || m.qpn != p.qpn || (self.cfg.version == Version::V1 && m.mac != p.mac) {
             return Err(("CONFIRM LINK names another QP", DeclineCode::CNFERR));
         }
         if self.cfg.linux_layout() && m.no_rmbe_eyecatcher == self.cfg.rmbe_eyecatcher {
-            return Err(("CONFIRM LINK eye-catcher flag mismatch", DeclineCode::RMBE_EC));
+            return Err((
+                "CONFIRM LINK eye-catcher flag mismatch",
+                DeclineCode::RMBE_EC,
+            ));
         }
         Ok(())
     }
@@ -104,17 +119,33 @@ impl LinkGroup {
 
     /// Server, first contact: the client's CONFIRM LINK response (S10, CL-4).
     fn first_confirm_response(&mut self, now: Instant, m: &ConfirmLink) {
-        let Some(l) = self.find(LinkId::FIRST).cloned() else { return };
+        let Some(l) = self.find(LinkId::FIRST).cloned() else {
+            return;
+        };
         let mut err = self.check_confirm(&l, m).err();
         if err.is_none() && m.link_num != l.num {
-            err = Some(("CONFIRM LINK response for another link", DeclineCode::CNFERR));
+            err = Some((
+                "CONFIRM LINK response for another link",
+                DeclineCode::CNFERR,
+            ));
         }
         // CL-4: the client's value is optional (0), never above ours, never below the
         // minimum of the version.
-        let min = if self.cfg.version == Version::V2 { 1 } else { 2 };
-        let final_max = if m.max_links == 0 { self.max_links } else { m.max_links };
+        let min = if self.cfg.version == Version::V2 {
+            1
+        } else {
+            2
+        };
+        let final_max = if m.max_links == 0 {
+            self.max_links
+        } else {
+            m.max_links
+        };
         if err.is_none() && (final_max > self.max_links || final_max < min) {
-            err = Some(("CONFIRM LINK max_links out of range", DeclineCode::MAXLINKERR));
+            err = Some((
+                "CONFIRM LINK max_links out of range",
+                DeclineCode::MAXLINKERR,
+            ));
         }
         if let Some((why, code)) = err {
             warn!("first CONFIRM LINK response rejected: {why}");
@@ -134,11 +165,20 @@ impl LinkGroup {
 
     /// Client, first contact: the server's CONFIRM LINK request (C6).
     fn first_confirm_request(&mut self, now: Instant, m: &ConfirmLink) {
-        let Some(l) = self.find(LinkId::FIRST).cloned() else { return };
+        let Some(l) = self.find(LinkId::FIRST).cloned() else {
+            return;
+        };
         let mut err = self.check_confirm(&l, m).err();
-        let min = if self.cfg.version == Version::V2 { 1 } else { 2 };
+        let min = if self.cfg.version == Version::V2 {
+            1
+        } else {
+            2
+        };
         if err.is_none() && m.max_links < min {
-            err = Some(("server max_links below the minimum", DeclineCode::MAXLINKERR));
+            err = Some((
+                "server max_links below the minimum",
+                DeclineCode::MAXLINKERR,
+            ));
         }
         if let Some((why, code)) = err {
             warn!("first CONFIRM LINK rejected: {why}");
@@ -156,7 +196,11 @@ impl LinkGroup {
             l.last_rx = now;
         }
         let r = self.confirm_link_msg(LinkId::FIRST, true, self.max_links);
-        self.send(LinkId::FIRST, &LlcMessage::ConfirmLink(r), Purpose::FirstConfirmResp);
+        self.send(
+            LinkId::FIRST,
+            &LlcMessage::ConfirmLink(r),
+            Purpose::FirstConfirmResp,
+        );
         self.first = First::ClientRespSent;
     }
 
@@ -196,7 +240,9 @@ impl LinkGroup {
 
     /// Emits `FirstContactDone` once the second-link attempt has settled.
     pub(super) fn check_first_done(&mut self) {
-        let First::Second { .. } = self.first else { return };
+        let First::Second { .. } = self.first else {
+            return;
+        };
         let settled = match self.cfg.role {
             Role::Server => self.config.is_none() && !self.ops.contains(&Op::AddLink),
             Role::Client => {
@@ -246,7 +292,10 @@ impl LinkGroup {
 
     /// First contact failed before link 1 was confirmed.
     pub(super) fn first_failed(&mut self, code: DeclineCode, may_decline: bool) {
-        self.emit(Event::FirstLinkFailed(FirstLinkFailure { code, may_decline }));
+        self.emit(Event::FirstLinkFailed(FirstLinkFailure {
+            code,
+            may_decline,
+        }));
         self.first = First::Done;
         self.finish(TerminateReason::FirstContact(code));
     }

@@ -582,13 +582,19 @@ enum Purpose {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum First {
     /// Server: CONFIRM LINK sent.
-    ServerConfirm { deadline: Instant },
+    ServerConfirm {
+        deadline: Instant,
+    },
     /// Client: waiting for CONFIRM LINK.
-    ClientConfirm { deadline: Instant },
+    ClientConfirm {
+        deadline: Instant,
+    },
     /// Client: response posted, waiting for its completion.
     ClientRespSent,
     /// The second-link attempt is running (client: `deadline` until the ADD LINK came).
-    Second { deadline: Option<Instant> },
+    Second {
+        deadline: Option<Instant>,
+    },
     Done,
 }
 
@@ -871,7 +877,7 @@ impl LinkGroup {
             First::ServerConfirm { deadline } | First::ClientConfirm { deadline } => {
                 at(Some(deadline))
             }
-            First::Second { deadline } => at(deadline),
+            First::Second { deadline } if !self.add_seen => at(deadline),
             _ => {}
         }
         at(self.config.as_ref().and_then(Config::deadline));

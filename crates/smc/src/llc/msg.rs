@@ -7,8 +7,7 @@
 //! echoed back as Linux does), so [`LlcOut`] owns those lists and lends a wire view out.
 
 use smc_wire::llc::{
-    AddLinkRtoken, AddLinkV2Ext, DeleteRkeyV2, LlcFormat, LlcMessage, LlcType, RkeyList,
-    RtokenList,
+    AddLinkRtoken, AddLinkV2Ext, DeleteRkeyV2, LlcFormat, LlcMessage, LlcType, RkeyList, RtokenList,
 };
 
 /// An LLC message with owned contents: [`LlcOut::as_wire`] gives the `smc-wire` value to

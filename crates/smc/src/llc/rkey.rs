@@ -12,9 +12,7 @@ use smc_wire::llc::{
 use tracing::{debug, warn};
 
 use super::rtoken::{LocalState, RToken};
-use super::{
-    Config, Event, LinkDownReason, LinkGroup, LinkId, Op, Purpose, RmbId, Role,
-};
+use super::{Config, Event, LinkDownReason, LinkGroup, LinkId, Op, Purpose, RmbId, Role};
 
 /// Most RKeys in one DELETE RKEY v2 we send: 8 + 4·9 = 44 bytes. Linux copies only the
 /// first 44 bytes of a received DELETE RKEY v2 (`smc_llc_rmt_delete_rkey`), so more would
@@ -32,7 +30,10 @@ pub(super) struct RkeyFlow {
 #[derive(Clone, Debug)]
 pub(super) enum RkeyKind {
     /// CONFIRM RKEY; `cont` are the other-link specs still to send in CONTINUATIONs.
-    Confirm { rmb: RmbId, cont: Vec<OtherLinkRkey> },
+    Confirm {
+        rmb: RmbId,
+        cont: Vec<OtherLinkRkey>,
+    },
     /// DELETE RKEY for these RMBs.
     Delete { rmbs: Vec<RmbId> },
 }
@@ -50,7 +51,9 @@ pub(super) struct RemoteRkey {
 impl LinkGroup {
     /// Sends CONFIRM RKEY for a new RMB over an active link (AR-1..AR-3).
     pub(super) fn start_confirm_rkey(&mut self, now: Instant, rmb: RmbId) {
-        let Some(r) = self.rt.local.get(&rmb) else { return };
+        let Some(r) = self.rt.local.get(&rmb) else {
+            return;
+        };
         if r.state != LocalState::Pending {
             return;
         }
@@ -62,7 +65,9 @@ impl LinkGroup {
         let mut own = None;
         let mut others = Vec::new();
         for l in self.links.iter().filter(|l| l.is_active()) {
-            let Some(t) = r.tokens.get(&l.id) else { continue };
+            let Some(t) = r.tokens.get(&l.id) else {
+                continue;
+            };
             if l.id == link {
                 own = Some(*t);
             } else {

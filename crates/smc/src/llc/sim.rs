@@ -28,8 +28,8 @@ use smc_wire::llc::{LlcMessage, LlcType};
 pub use crate::conn::sim::Rng;
 
 use super::{
-    Device, DeviceId, Event, FirstLink, LinkGroup, LinkId, LinkState, LlcConfig, LlcOut,
-    Output, PeerQp, QpInfo, RToken, RmbId, Role, TerminateReason,
+    Device, DeviceId, Event, FirstLink, LinkGroup, LinkId, LinkState, LlcConfig, LlcOut, Output,
+    PeerQp, QpInfo, RToken, RmbId, Role, TerminateReason,
 };
 
 /// Index of the server in [`Sim::hosts`].
@@ -233,6 +233,11 @@ impl Sim {
     /// First contact: both link 1 QPs exist and are connected (CLC is done); the server's
     /// machine has just sent CONFIRM LINK.
     pub fn new(cfg: SimConfig, seed: u64) -> Sim {
+        Sim::with_intercept(cfg, seed, None)
+    }
+
+    /// Like [`Sim::new`], with an interceptor in place before the first message.
+    pub fn with_intercept(cfg: SimConfig, seed: u64, intercept: Option<Interceptor>) -> Sim {
         let start = Instant::now();
         let mut rng = Rng::new(seed);
         let mk = |idx: usize, n: u32| (1..=n.max(1)).map(|i| device(idx, i)).collect::<Vec<_>>();
@@ -329,7 +334,7 @@ impl Sim {
             seq: 0,
             rng,
             trace: Vec::new(),
-            intercept: None,
+            intercept,
             cfg,
         };
         sim.drain(SERVER);
@@ -411,7 +416,10 @@ impl Sim {
 
     fn post(&mut self, h: usize, t: super::Transmit) {
         let fmt = self.hosts[h].lg.config().format;
-        let bytes = t.msg.encode(fmt).expect("the machine emits encodable messages");
+        let bytes = t
+            .msg
+            .encode(fmt)
+            .expect("the machine emits encodable messages");
         let num = self.hosts[h].lg.link(t.link).map_or(0, |l| l.num);
         let w = Wire {
             at: self.elapsed(),
@@ -474,7 +482,9 @@ impl Sim {
     }
 
     fn break_qp(&mut self, h: usize, link: LinkId) {
-        let Some(q) = self.hosts[h].qps.get_mut(&link) else { return };
+        let Some(q) = self.hosts[h].qps.get_mut(&link) else {
+            return;
+        };
         q.broken = true;
         let (qpn, peer) = (q.qpn, q.peer);
         let other = 1 - h;
@@ -569,14 +579,24 @@ impl Sim {
                 self.now = next;
             }
             if next_ev == Some(next) {
-                let Some((_, ev)) = self.queue.pop_first() else { break };
+                let Some((_, ev)) = self.queue.pop_first() else {
+                    break;
+                };
                 self.process(ev);
             } else {
                 for h in [SERVER, CLIENT] {
-                    if self.hosts[h].lg.poll_timeout().is_some_and(|t| t <= self.now) {
+                    if self.hosts[h]
+                        .lg
+                        .poll_timeout()
+                        .is_some_and(|t| t <= self.now)
+                    {
                         let now = self.now;
                         self.hosts[h].lg.on_timeout(now);
                         self.drain(h);
+                        // A timer that stays due after on_timeout would spin the runtime.
+                        if let Some(t) = self.hosts[h].lg.poll_timeout() {
+                            assert!(t > now, "host {h}: timer still due after on_timeout");
+                        }
                     }
                 }
             }
@@ -656,7 +676,9 @@ impl Sim {
             }
             Ev::Created { host, link } => {
                 let h = &mut self.hosts[host];
-                let Some(q) = h.qps.get(&link).cloned() else { return };
+                let Some(q) = h.qps.get(&link).cloned() else {
+                    return;
+                };
                 let rmbs: Vec<RmbId> = h.rmbs.keys().copied().collect();
                 let mut list = Vec::new();
                 for r in rmbs {
@@ -715,7 +737,13 @@ impl Sim {
     pub fn labels(&self) -> Vec<String> {
         self.trace
             .iter()
-            .map(|w| format!("{}: {}", if w.from == SERVER { "S" } else { "C" }, w.label()))
+            .map(|w| {
+                format!(
+                    "{}: {}",
+                    if w.from == SERVER { "S" } else { "C" },
+                    w.label()
+                )
+            })
             .collect()
     }
 
@@ -743,8 +771,7 @@ impl Sim {
             }
         }
         let links = |h: &Host| -> BTreeMap<u8, super::LinkInfo> {
-            h.lg
-                .links()
+            h.lg.links()
                 .filter(|l| l.state == LinkState::Active)
                 .map(|l| (l.num, l))
                 .collect()
@@ -829,7 +856,12 @@ impl Sim {
         }
         for h in &self.hosts {
             let _ = writeln!(s, "host {} events: {:?}", h.idx, h.events);
-            let _ = writeln!(s, "host {} links: {:?}", h.idx, h.lg.links().collect::<Vec<_>>());
+            let _ = writeln!(
+                s,
+                "host {} links: {:?}",
+                h.idx,
+                h.lg.links().collect::<Vec<_>>()
+            );
         }
         s
     }
@@ -995,10 +1027,6 @@ pub fn run_random(seed: u64, cfg: SimConfig, opts: &RandomOpts) -> Result<Random
     } else {
         Err("did not settle".into())
     };
-    res.map(|_| report).map_err(|e| {
-        format!(
-            "seed {seed}: {e}\nconfig: {cfg:?}\n{}",
-            sim.dump()
-        )
-    })
+    res.map(|_| report)
+        .map_err(|e| format!("seed {seed}: {e}\nconfig: {cfg:?}\n{}", sim.dump()))
 }

@@ -60,15 +60,24 @@ fn random_without_failures() {
     };
     let (term, links, rmbs) = runs(0..150, &opts);
     assert_eq!(term, 0, "no run may terminate without failures");
-    assert!(links > 50 && rmbs > 500, "the runs did something ({links} links, {rmbs} RMBs)");
+    assert!(
+        links > 50 && rmbs > 500,
+        "the runs did something ({links} links, {rmbs} RMBs)"
+    );
 }
 
 /// Link failures, deletions, terminations.
 #[test]
 fn random_with_failures() {
     let (term, links, rmbs) = runs(1000..1200, &RandomOpts::default());
-    assert!(term > 0 && term < 200, "some runs terminate, not all ({term})");
-    assert!(links > 50 && rmbs > 500, "the runs did something ({links} links, {rmbs} RMBs)");
+    assert!(
+        term > 0 && term < 200,
+        "some runs terminate, not all ({term})"
+    );
+    assert!(
+        links > 50 && rmbs > 500,
+        "the runs did something ({links} links, {rmbs} RMBs)"
+    );
 }
 
 /// Lost LLC messages (a peer that ACKs and drops, C.7's should-not-occur).

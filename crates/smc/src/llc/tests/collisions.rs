@@ -1,0 +1,6 @@
+//! placeholder
+use super::*;
+#[allow(unused)]
+fn _x() -> Option<Solo> {
+    None
+}
