@@ -84,18 +84,23 @@ impl LinkGroup {
     // Server
 
     /// Which device a new link would use, if the link group may grow (SL-S1, CL-5, CL-6).
-    fn choose_add_device(&self) -> Option<(DeviceId, bool)> {
+    /// With `replace` (the client announced a new RNIC), a device used only by the
+    /// asymmetric link counts as free: the new link replaces it (INV-9).
+    pub(super) fn choose_add_device(&self, replace: bool) -> Option<(DeviceId, bool)> {
         let alive: Vec<&Link> = self.links.iter().filter(|l| l.is_alive()).collect();
         let sym = alive.iter().filter(|l| !l.asym).count();
         let asym = alive.len() - sym;
         if sym >= usize::from(self.max_links) {
             return None;
         }
-        if let Some(d) = self
-            .devices
-            .iter()
-            .find(|d| !alive.iter().any(|l| l.device == d.id))
-        {
+        let unused = |only_sym: bool| {
+            self.devices.iter().find(|d| {
+                !alive
+                    .iter()
+                    .any(|l| l.device == d.id && (!only_sym || !l.asym))
+            })
+        };
+        if let Some(d) = unused(false).or_else(|| unused(true).filter(|_| replace)) {
             return Some((d.id, false));
         }
         // Only one device: an asymmetric attempt on it, in case the client has a second
@@ -119,14 +124,14 @@ impl LinkGroup {
     }
 
     /// Server: start an ADD LINK exchange if the link group may and can grow.
-    pub(super) fn start_add_link(&mut self, now: Instant) {
+    pub(super) fn start_add_link(&mut self, now: Instant, replace: bool) {
         if self.cfg.role != Role::Server {
             return;
         }
         let Some(carrying) = self.pick_active(None) else {
             return;
         };
-        let Some((device, asym)) = self.choose_add_device() else {
+        let Some((device, asym)) = self.choose_add_device(replace) else {
             debug!("no link to add");
             return;
         };
@@ -453,7 +458,8 @@ impl LinkGroup {
             .links
             .iter()
             .any(|l| same_peer(l) && Some(l.device) == new_dev);
-        let peer_asym = self.links.iter().any(same_peer);
+        // Sharing the client's RNIC with the asymmetric link is fine: it replaces it.
+        let peer_asym = self.links.iter().any(|l| !l.asym && same_peer(l));
         let Some(l) = self.find_mut(f.new) else {
             return;
         };
@@ -497,9 +503,9 @@ impl LinkGroup {
             debug!("client ADD LINK crossed ours: ignored");
             return;
         }
-        if self.choose_add_device().is_some() {
+        if self.choose_add_device(true).is_some() {
             self.add_retry_at = None;
-            self.queue_add_link();
+            self.queue_add_link(true);
         } else {
             // CAL-4: at the maximum the request is ignored.
             debug!("client ADD LINK ignored: no link to add");
@@ -579,8 +585,8 @@ impl LinkGroup {
         info!(%link, num = l.num, asym, "link up");
         self.emit(Event::LinkUp(link));
         // More devices and room for more links: keep adding (§3.5.5.1.1).
-        if self.choose_add_device().is_some_and(|(_, a)| !a) {
-            self.queue_add_link();
+        if self.choose_add_device(false).is_some_and(|(_, a)| !a) {
+            self.queue_add_link(false);
         }
         // INV-9: once a symmetric link exists, the asymmetric one goes (reason 0x00050000).
         if !asym {
@@ -617,16 +623,26 @@ impl LinkGroup {
         }
         let v1 = !self.v2();
         let alive: Vec<&Link> = self.links.iter().filter(|l| l.is_alive()).collect();
-        // SL-C1: does the server offer an RNIC it already uses with us?
-        let same_server = alive.iter().any(|l| {
+        let same_rnic = |l: &&Link| {
             l.peer
                 .is_some_and(|p| p.gid == m.gid && (!v1 || p.mac == m.mac))
-        });
-        let unused = self
-            .devices
-            .iter()
-            .find(|d| !alive.iter().any(|l| l.device == d.id))
-            .map(|d| d.id);
+        };
+        // SL-C1: does the server offer an RNIC it already uses with us on a symmetric link?
+        // (A link replacing the asymmetric one may reuse that one's RNICs, INV-9.)
+        let same_server = alive.iter().any(|l| !l.asym && same_rnic(l));
+        // Our devices in order of preference: unused, then used only by the asymmetric
+        // link; never one that would make a parallel link to an existing one.
+        let pick = |only_sym: bool| {
+            self.devices
+                .iter()
+                .find(|d| {
+                    !alive
+                        .iter()
+                        .any(|l| l.device == d.id && (!only_sym || !l.asym || same_rnic(l)))
+                })
+                .map(|d| d.id)
+        };
+        let unused = pick(false).or_else(|| pick(true));
         let sym = alive.iter().filter(|l| !l.asym).count();
         let asym_exists = alive.len() > sym;
         let (device, asym) = match (same_server, unused) {
@@ -834,9 +850,9 @@ impl LinkGroup {
                 if matches!(self.config, Some(Config::SrvAdd(_))) {
                     return;
                 }
-                if self.choose_add_device().is_some() && self.term == super::Term::Running {
+                if self.choose_add_device(true).is_some() && self.term == super::Term::Running {
                     self.add_retry_at = None;
-                    self.queue_add_link();
+                    self.queue_add_link(true);
                 } else {
                     let r = ReqAddLink {
                         response: true,

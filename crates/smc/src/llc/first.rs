@@ -224,7 +224,7 @@ impl LinkGroup {
             Role::Server => {
                 // S11: attempt the second link before connection data flows.
                 self.first = First::Second { deadline: None };
-                self.ops.push_front(Op::AddLink);
+                self.ops.push_front(Op::AddLink { replace: false });
             }
             Role::Client => {
                 // C8: wait (bounded) for the server's ADD LINK.
@@ -244,7 +244,13 @@ impl LinkGroup {
             return;
         };
         let settled = match self.cfg.role {
-            Role::Server => self.config.is_none() && !self.ops.contains(&Op::AddLink),
+            Role::Server => {
+                self.config.is_none()
+                    && !self
+                        .ops
+                        .iter()
+                        .any(|o| matches!(o, Op::AddLink { .. } | Op::DeleteLink { .. }))
+            }
             Role::Client => {
                 self.add_seen
                     && self.config.is_none()

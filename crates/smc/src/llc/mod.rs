@@ -601,8 +601,10 @@ enum First {
 /// A local request waiting for the configuration to be free (§3.5.5.3).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Op {
-    /// Server: try to add a link.
-    AddLink,
+    /// Server: try to add a link (`replace`: the client has a new RNIC, INV-9).
+    AddLink {
+        replace: bool,
+    },
     /// Server: delete a link with a DELETE LINK exchange.
     DeleteLink {
         link: LinkId,
@@ -935,7 +937,7 @@ impl LinkGroup {
         }
         if self.add_retry_at.is_some_and(|d| d <= now) {
             self.add_retry_at = None;
-            self.queue_add_link();
+            self.queue_add_link(false);
         }
         if let (Some(since), Some(linger)) = (self.idle_since, self.cfg.timers.linger) {
             if since + linger <= now && self.term == Term::Running {
@@ -1192,7 +1194,7 @@ impl LinkGroup {
         }
         self.devices.push(dev);
         match self.cfg.role {
-            Role::Server => self.queue_add_link(),
+            Role::Server => self.queue_add_link(false),
             Role::Client => self.client_invite(now, dev),
         }
         self.pump(now);
@@ -1426,7 +1428,7 @@ impl LinkGroup {
             return false;
         };
         match op {
-            Op::AddLink => self.start_add_link(now),
+            Op::AddLink { replace } => self.start_add_link(now, replace),
             Op::DeleteLink {
                 link,
                 reason,
@@ -1438,13 +1440,20 @@ impl LinkGroup {
         true
     }
 
-    fn queue_add_link(&mut self) {
+    fn queue_add_link(&mut self, replace: bool) {
         if self.cfg.role == Role::Server
             && self.term == Term::Running
-            && !self.ops.contains(&Op::AddLink)
             && !matches!(self.config, Some(Config::SrvAdd(_)))
         {
-            self.ops.push_back(Op::AddLink);
+            if let Some(Op::AddLink { replace: r }) = self
+                .ops
+                .iter_mut()
+                .find(|o| matches!(o, Op::AddLink { .. }))
+            {
+                *r |= replace;
+            } else {
+                self.ops.push_back(Op::AddLink { replace });
+            }
         }
     }
 
