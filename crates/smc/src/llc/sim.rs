@@ -178,6 +178,8 @@ pub struct SimConfig {
     pub server_devices: u32,
     /// Devices of the client (≥ 1).
     pub client_devices: u32,
+    /// Smallest one-way delay.
+    pub min_delay: Duration,
     /// Largest one-way delay.
     pub max_delay: Duration,
     /// Time the runtime takes to create or connect a QP.
@@ -203,6 +205,7 @@ impl SimConfig {
             client,
             server_devices: 1,
             client_devices: 1,
+            min_delay: Duration::from_micros(1),
             max_delay: Duration::from_millis(2),
             setup_delay: Duration::from_millis(1),
             fail_delay: Duration::from_millis(150),
@@ -353,8 +356,9 @@ impl Sim {
     }
 
     fn delay(&mut self) -> Duration {
-        let max = self.cfg.max_delay.as_micros() as u64;
-        Duration::from_micros(1 + self.rng.below(max.max(1)))
+        let min = self.cfg.min_delay.as_micros().max(1) as u64;
+        let max = (self.cfg.max_delay.as_micros() as u64).max(min);
+        Duration::from_micros(min + self.rng.below(max - min + 1))
     }
 
     /// Executes the machine's outputs like a runtime.
@@ -610,6 +614,21 @@ impl Sim {
     pub fn run_for(&mut self, d: Duration) {
         let until = self.now + d;
         self.run_until(until);
+    }
+
+    /// Runs in small steps until a message matching `pick` has been sent (`true`), or
+    /// `limit` passed.
+    pub fn run_until_sent(&mut self, pick: impl Fn(&Wire) -> bool, limit: Duration) -> bool {
+        let end = self.now + limit;
+        let mut seen = self.trace.len();
+        while self.now < end {
+            self.run_for(Duration::from_micros(5));
+            if self.trace[seen..].iter().any(&pick) {
+                return true;
+            }
+            seen = self.trace.len();
+        }
+        false
     }
 
     /// Whether messages or runtime replies are still in flight.

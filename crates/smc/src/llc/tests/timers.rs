@@ -1,6 +1,1 @@
 //! placeholder
-use super::*;
-#[allow(unused)]
-fn _x() -> Option<Solo> {
-    None
-}
