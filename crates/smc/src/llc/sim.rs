@@ -996,7 +996,9 @@ pub fn run_random(seed: u64, cfg: SimConfig, opts: &RandomOpts) -> Result<Random
                     });
                 }
             }
-            66 if opts.terminate && seed % 3 == 0 => sim.with(h, |x, now| x.lg.terminate(now)),
+            66 if opts.terminate && seed.is_multiple_of(3) => {
+                sim.with(h, |x, now| x.lg.terminate(now))
+            }
             _ => {
                 let ms = rng.below(3000);
                 sim.run_for(Duration::from_millis(ms));

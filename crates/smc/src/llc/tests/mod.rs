@@ -62,6 +62,19 @@ pub(super) fn swallow(sim: &mut Sim, pick: impl Fn(&Wire) -> bool + 'static) {
     }));
 }
 
+/// Applies `verdict` to the first message `pick` selects, delivers the rest.
+pub(super) fn once(sim: &mut Sim, verdict: Verdict, pick: impl Fn(&Wire) -> bool + 'static) {
+    let mut done = false;
+    sim.intercept = Some(Box::new(move |w| {
+        if !done && pick(w) {
+            done = true;
+            verdict
+        } else {
+            Verdict::Deliver
+        }
+    }));
+}
+
 /// Fails (breaks the QP pair of) the messages `pick` selects.
 pub(super) fn fail(sim: &mut Sim, pick: impl Fn(&Wire) -> bool + 'static) {
     sim.intercept = Some(Box::new(move |w| {
@@ -97,7 +110,6 @@ pub(super) fn main_events(sim: &Sim, h: usize) -> Vec<Event> {
 pub(super) struct Solo {
     pub lg: LinkGroup,
     pub now: Instant,
-    pub start: Instant,
     pub manual: bool,
     /// Everything the machine sent, with its link.
     pub sent: Vec<(LinkId, LlcOut)>,
@@ -153,7 +165,6 @@ impl Solo {
         let mut s = Solo {
             lg,
             now: start,
-            start,
             manual: false,
             sent: Vec::new(),
             events: Vec::new(),

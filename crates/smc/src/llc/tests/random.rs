@@ -90,10 +90,15 @@ fn random_with_lost_messages() {
     runs(2000..2150, &opts);
 }
 
+/// Replays one run with its trace: `SEED=1234 [FAIL=1] cargo test -p smc --release
+/// llc::tests::random::replay_seed -- --ignored --nocapture`.
 #[test]
 #[ignore]
-fn debug_seed() {
-    let seed: u64 = std::env::var("SEED").unwrap().parse().unwrap();
+fn replay_seed() {
+    let seed: u64 = std::env::var("SEED")
+        .expect("SEED=<seed>")
+        .parse()
+        .expect("a number");
     let f = std::env::var("FAIL").is_ok();
     let opts = RandomOpts {
         failures: f,
@@ -103,9 +108,8 @@ fn debug_seed() {
     };
     let mut rng = Rng::new(seed);
     let cfg = config(&mut rng);
-    let r = run_random(seed, cfg.clone(), &opts);
-    match r {
+    match run_random(seed, cfg, &opts) {
         Ok(r) => println!("{}\n{r:?}", r.trace),
-        Err(e) => println!("{e}"),
+        Err(e) => panic!("{e}"),
     }
 }
