@@ -415,6 +415,7 @@ impl LinkGroup {
         self.term = Term::Ending {
             deadline: now + self.cfg.timers.reply,
             reason,
+            orderly,
         };
         self.send_delete_all(link, code, orderly);
     }
@@ -433,7 +434,10 @@ impl LinkGroup {
 
     /// LGT-7: the DELETE LINK (all) did not go out: try the next link, else give up.
     pub(super) fn delete_all_send_failed(&mut self, _now: Instant, link: LinkId) {
-        let Term::Ending { reason, .. } = self.term else {
+        let Term::Ending {
+            reason, orderly, ..
+        } = self.term
+        else {
             return;
         };
         self.mark_down(link);
@@ -444,7 +448,7 @@ impl LinkGroup {
                     TerminateReason::Idle => DeleteLinkReason::PROG_INIT_TERM,
                     _ => DeleteLinkReason::PROT_VIOL,
                 };
-                self.send_delete_all(next, code, true);
+                self.send_delete_all(next, code, orderly);
             }
             None => self.finish(reason),
         }

@@ -631,6 +631,7 @@ enum Term {
     Ending {
         deadline: Instant,
         reason: TerminateReason,
+        orderly: bool,
     },
     Done,
 }
@@ -930,7 +931,10 @@ impl LinkGroup {
             // The server may ignore a request it cannot serve (§3.5.5.1.2, CAL-5).
             self.req_add = None;
         }
-        if let Term::Ending { deadline, reason } = self.term {
+        if let Term::Ending {
+            deadline, reason, ..
+        } = self.term
+        {
             if deadline <= now {
                 self.finish(reason);
             }
@@ -1258,14 +1262,16 @@ impl LinkGroup {
     /// Ends the link group in an orderly way (operator, §3.5.4): DELETE LINK with A set
     /// (server), or the request for it (client, LGT-6), then [`Event::Terminated`].
     pub fn terminate(&mut self, now: Instant) {
+        self.terminate_with(now, DeleteLinkReason::OP_INIT_TERM, true);
+    }
+
+    /// [`LinkGroup::terminate`] with another reason code or without the orderly flag (Linux
+    /// sends OP_INIT_TERM, not orderly, when its module is unloaded).
+    pub fn terminate_with(&mut self, now: Instant, reason: DeleteLinkReason, orderly: bool) {
         if self.term != Term::Running {
             return;
         }
-        self.start_terminate(
-            now,
-            TerminateReason::Local(DeleteLinkReason::OP_INIT_TERM),
-            true,
-        );
+        self.start_terminate(now, TerminateReason::Local(reason), orderly);
         self.pump(now);
     }
 
