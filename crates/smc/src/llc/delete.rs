@@ -366,7 +366,22 @@ impl LinkGroup {
                 reason: LinkDownReason::LocalDelete(reason),
             });
         }
-        self.mark_down(link);
+        if was_active && orderly {
+            // CDL-2: the link still works until the server deletes it; only new work stays
+            // off it (the server may still use it to carry its own DELETE LINK).
+            if let Some(l) = self.find_mut(link) {
+                l.state = LinkState::Deleting;
+                l.test = None;
+            }
+        } else {
+            // A failed link, or a disorderly request (CDL-4): treat it as gone, and what
+            // ran over it with it.
+            self.mark_down(link);
+            self.abort_rkey_flow(link);
+            if self.remote_rkey.as_ref().is_some_and(|r| r.link == link) {
+                self.remote_rkey = None;
+            }
+        }
         if let Some(l) = self.find_mut(link) {
             l.client_deleting = true;
         }

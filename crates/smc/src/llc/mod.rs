@@ -660,6 +660,8 @@ pub struct LinkGroup {
     /// Client: the server's ADD LINK request arrived (first contact's second link).
     add_seen: bool,
     ops: VecDeque<Op>,
+    /// No CONFIRM RKEY before this (after a negative answer with the retry flag).
+    rkey_hold: Option<Instant>,
     deferred: VecDeque<(LinkId, LlcOut)>,
     add_retry_at: Option<Instant>,
     idle_since: Option<Instant>,
@@ -700,8 +702,11 @@ impl LinkGroup {
         if !devices.iter().any(|d| d.id == first.device) {
             return Err(ConfigError::UnknownDevice(first.device));
         }
+        // Linux: at most 2 symmetric links (`SMC_LINKS_ADD_LNK_MAX`). SMC-Rv2 has no
+        // CONFIRM RKEY CONTINUATION, so one CONFIRM RKEY must name every other link: at
+        // most 2 symmetric + 1 asymmetric.
         let mut max_links = cfg.max_links;
-        if cfg.linux_compat {
+        if cfg.linux_compat || cfg.version == Version::V2 {
             max_links = max_links.min(2);
         }
         let mut lg = LinkGroup {
@@ -720,6 +725,7 @@ impl LinkGroup {
             req_add: None,
             add_seen: false,
             ops: VecDeque::new(),
+            rkey_hold: None,
             deferred: VecDeque::new(),
             add_retry_at: None,
             idle_since: None,
@@ -894,6 +900,9 @@ impl LinkGroup {
             at(Some(deadline));
         }
         at(self.add_retry_at);
+        if self.ops.iter().any(|o| matches!(o, Op::ConfirmRmb(_))) {
+            at(self.rkey_hold);
+        }
         if let (Some(since), Some(linger)) = (self.idle_since, self.cfg.timers.linger) {
             at(Some(since + linger));
         }
@@ -938,6 +947,9 @@ impl LinkGroup {
             if deadline <= now {
                 self.finish(reason);
             }
+        }
+        if self.rkey_hold.is_some_and(|d| d <= now) {
+            self.rkey_hold = None;
         }
         if self.add_retry_at.is_some_and(|d| d <= now) {
             self.add_retry_at = None;
@@ -1047,7 +1059,11 @@ impl LinkGroup {
     ) -> Result<(), ApiError> {
         self.alive()?;
         let l = self.find(link).ok_or(ApiError::UnknownLink(link))?;
-        if l.state != LinkState::Creating {
+        if matches!(l.state, LinkState::Down | LinkState::Deleting) {
+            // The machine gave up on the link meanwhile; DestroyLink follows.
+            return Ok(());
+        }
+        if l.state != LinkState::Creating || l.local.is_some() {
             return Err(ApiError::WrongState(link));
         }
         for rmb in self.rt.local.keys() {
@@ -1072,6 +1088,9 @@ impl LinkGroup {
     pub fn on_link_connected(&mut self, now: Instant, link: LinkId) -> Result<(), ApiError> {
         self.alive()?;
         let l = self.find(link).ok_or(ApiError::UnknownLink(link))?;
+        if matches!(l.state, LinkState::Down | LinkState::Deleting) {
+            return Ok(());
+        }
         if l.state != LinkState::Connecting {
             return Err(ApiError::WrongState(link));
         }
@@ -1430,7 +1449,17 @@ impl LinkGroup {
         if self.pick_active(None).is_none() {
             return false;
         }
-        let Some(op) = self.ops.pop_front() else {
+        // After a negative CONFIRM RKEY with the retry flag, give the peer's configuration
+        // change time to finish before asking again (CRK-3); other work may go first.
+        let held = self.rkey_hold.is_some_and(|t| t > now);
+        let Some(pos) = self
+            .ops
+            .iter()
+            .position(|o| !held || !matches!(o, Op::ConfirmRmb(_)))
+        else {
+            return false;
+        };
+        let Some(op) = self.ops.remove(pos) else {
             return false;
         };
         match op {

@@ -186,6 +186,8 @@ impl LinkGroup {
             RkeyKind::Delete { .. } => "DELETE RKEY",
         };
         let link = f.link;
+        // The exchange ends here even if the link was already given up.
+        self.abort_rkey_flow(link);
         self.link_failed(now, link, LinkDownReason::ReplyTimeout(what));
     }
 
@@ -364,6 +366,7 @@ impl LinkGroup {
                     r.retries += 1;
                 }
                 self.ops.push_back(Op::ConfirmRmb(rmb));
+                self.rkey_hold = Some(now + self.cfg.timers.reply / 8 * u32::from(retries + 1));
             } else {
                 warn!(?rmb, retry, "CONFIRM RKEY refused by the peer");
                 self.rt.local.remove(&rmb);

@@ -159,6 +159,9 @@ fn tc_rk_06_07_negative_confirm_rkey() {
         r.retry = retry;
         s.take();
         s.rx(LinkId::FIRST, &LlcMessage::ConfirmRkey(r));
+        // Not at once: the peer's configuration change gets a moment to finish.
+        assert!(s.sent.is_empty());
+        s.advance(Duration::from_millis(260));
         let again = s
             .sent
             .iter()

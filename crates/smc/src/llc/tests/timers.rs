@@ -522,3 +522,90 @@ fn hostile_peer_never_panics() {
         )
         .unwrap();
 }
+
+/// B.15 "ADD LINK reply (client, more RKeys owed)" and "ADD LINK CONT reply (client, first
+/// contact, server owes more)": on first contact the client resets (RFC C.7.1).
+#[test]
+fn b15_client_owed_cont_first_contact() {
+    for owes_after_first in [false, true] {
+        let mut s = Solo::client_up(LlcConfig::rfc(Role::Client));
+        s.lg.add_device(s.now, device(CLIENT, 2));
+        s.drain();
+        let m = server_add_link(false, &device(SERVER, 2), 2, 0x30);
+        s.rx(LinkId::FIRST, &LlcMessage::AddLink(m));
+        assert!(matches!(s.last().as_wire(), LlcMessage::AddLink(a) if !a.reject));
+        if owes_after_first {
+            s.lg.learn_peer_rmb(
+                LinkId::FIRST,
+                RToken {
+                    rkey: 0x300,
+                    vaddr: 0,
+                },
+            );
+            let c = AddLinkCont {
+                response: false,
+                link_num: 2,
+                num_rkeys: 4,
+                rtokens: [
+                    AddLinkRtoken {
+                        rmb_key: 0x200,
+                        rmb_key_new: 0x201,
+                        rmb_vaddr_new: 1,
+                    },
+                    AddLinkRtoken {
+                        rmb_key: 0x300,
+                        rmb_key_new: 0x301,
+                        rmb_vaddr_new: 1,
+                    },
+                ],
+            };
+            s.rx(LinkId::FIRST, &LlcMessage::AddLinkCont(c));
+        }
+        s.advance(Duration::from_millis(2010));
+        assert_eq!(
+            s.events.last(),
+            Some(&Event::Terminated(TerminateReason::FirstContact(
+                smc_wire::decline::DeclineCode::TIMEOUT_AL
+            ))),
+            "owes after first: {owes_after_first}"
+        );
+        assert!(!s.saw(|e| *e == Event::FirstContactDone));
+    }
+}
+
+/// B.15 "ADD LINK / CONT reply (client, none owed, not first contact)": no CONFIRM LINK on
+/// the new link → DELETE LINK for it; the carrying link is unaffected.
+#[test]
+fn b15_client_no_confirm_link_not_first_contact() {
+    let mut s = Solo::client_up(LlcConfig::linux(Role::Client, Version::V2));
+    s.advance(Duration::from_secs(3));
+    assert!(s.saw(|e| *e == Event::FirstContactDone));
+    s.lg.add_device(s.now, device(CLIENT, 2));
+    s.drain();
+    let m = server_add_link(true, &device(SERVER, 2), 2, 0x30);
+    s.rx(LinkId::FIRST, &LlcMessage::AddLink(m));
+    assert!(matches!(s.last().as_wire(), LlcMessage::AddLink(a) if a.response && !a.reject));
+    s.take();
+    s.advance(Duration::from_millis(5010));
+    let LlcMessage::DeleteLink(d) = s.last().as_wire() else {
+        panic!("{:?}", s.sent)
+    };
+    assert_eq!((d.link_num, d.all), (2, false));
+    assert_eq!(s.lg.link(LinkId::FIRST).unwrap().state, LinkState::Active);
+    assert!(!s.lg.is_terminated());
+}
+
+/// B.15 "DELETE LINK A = 1 (server)": if it cannot be delivered, the group is torn down
+/// anyway (LGT-4, C.7.1).
+#[test]
+fn b15_delete_all_send_failure() {
+    let mut sim = pair(v2_pair(), 1, 82);
+    sim.break_link(SERVER, LinkId::FIRST);
+    sim.with(SERVER, |h, now| h.lg.terminate(now));
+    assert!(!sim.hosts[SERVER].lg.is_terminated());
+    sim.run_for(Duration::from_secs(1));
+    assert_eq!(
+        sim.hosts[SERVER].terminated,
+        Some(TerminateReason::Local(DeleteLinkReason::OP_INIT_TERM))
+    );
+}
