@@ -81,8 +81,9 @@
 //!
 //! Linux runs one local and one remote flow per link group and **drops** requests it cannot
 //! take (`smc_llc_flow_parallel`, linux-smc.md §2.5). The machine never gives it reason to:
-//! it never pipelines two configuration exchanges, never has two SMC-Rv2 messages larger
-//! than 44 bytes in flight (linux-smc.md H8), and answers every request at once (H9).
+//! it never pipelines two configuration exchanges, never sends a second SMC-Rv2 message
+//! larger than 44 bytes before the first was answered (one receive slot for them in Linux,
+//! linux-smc.md H8), and answers every request at once (H9).
 //!
 //! # Timers and recovery (Appendix C.7, C.7.1; CHECKLIST B.15)
 //!
@@ -90,10 +91,12 @@
 //! Linux's `SMC_LLC_WAIT_TIME`; first CONFIRM LINK: server 2 s, client 4 s; CONFIRM LINK on
 //! an added link 5 s; [`LlcTimers`]). A send completion error counts as a timeout (LT-1).
 //! Expiry runs the C.7.1 recovery: first link → [`Event::FirstLinkFailed`]; ADD LINK or
-//! CONTINUATION → the new link is cleaned up and the carrying link treated as failed (on
-//! first contact the link group ends; `linux_compat`: the link group continues with one
-//! link, as Linux does); CONFIRM LINK on a new link → DELETE LINK for it; DELETE LINK,
-//! CONFIRM/DELETE RKEY, TEST LINK → the carrying link failed.
+//! CONTINUATION → the new link is cleaned up and the carrying link treated as failed, and
+//! on first contact the link group ends (`linux_compat`: only the new link is cleaned up
+//! and the group carries on with one link, as Linux does, AMB-20); CONFIRM LINK on a new
+//! link → DELETE LINK for it and the C.8 retry; DELETE LINK, CONFIRM/DELETE RKEY, TEST
+//! LINK → the carrying link failed; the client's wait for the server's DELETE LINK →
+//! the link that carried the request failed (CDL-5).
 //!
 //! A failed link is reported with [`Event::LinkDown`] (the runtime moves its connections,
 //! §4.6), then deleted with a DELETE LINK exchange over a surviving link; when no link is
@@ -107,8 +110,9 @@
 //! malformed message, a v1-only message in a v2 link group (or the reverse) or a message
 //! that is unambiguously out of sync takes the link down with
 //! [`LinkDownReason::ProtocolViolation`]. Responses nobody waits for are dropped (late
-//! answers after a timeout; Linux drops them too). Nothing a peer sends can panic the
-//! machine or make it allocate without bound.
+//! answers after a timeout; Linux drops them too), except a TEST LINK response, which can
+//! only be out of sync (TC-LGM-24). Nothing a peer sends can panic the machine or make it
+//! allocate without bound (deferred requests are capped).
 
 mod add;
 mod delete;
@@ -1423,7 +1427,7 @@ impl LinkGroup {
                     self.deferred.pop_front();
                     continue;
                 }
-                if self.must_defer(link, &m.as_wire()) {
+                if self.must_defer(&m.as_wire()) {
                     break;
                 }
                 self.deferred.pop_front();
@@ -1493,7 +1497,7 @@ impl LinkGroup {
     }
 
     /// Whether a peer request must wait for the current exchange (§3.5.5.3, B.14).
-    fn must_defer(&self, link: LinkId, msg: &LlcMessage<'_>) -> bool {
+    fn must_defer(&self, msg: &LlcMessage<'_>) -> bool {
         if msg.is_response() {
             return false;
         }
@@ -1510,7 +1514,6 @@ impl LinkGroup {
             // Client: the server's ADD LINK / DELETE LINK waits while our own RKey exchange
             // is unanswered, and a second one waits for the current one (Linux parks it).
             (Role::Client, LlcMessage::AddLink(_)) => {
-                let _ = link;
                 self.rkey.is_some() || self.config.is_some() || self.remote_rkey.is_some()
             }
             _ => false,
@@ -1543,7 +1546,7 @@ impl LinkGroup {
             debug!(%link, "ignoring server command on a link we asked to delete");
             return;
         }
-        if self.must_defer(link, msg) {
+        if self.must_defer(msg) {
             debug!(%link, ty = ?msg.msg_type(), "deferring colliding LLC request");
             if self.deferred.len() < 32 {
                 self.deferred.push_back((link, LlcOut::new(msg)));

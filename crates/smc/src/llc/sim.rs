@@ -1,7 +1,7 @@
 //! A deterministic simulator: a server and a client [`LinkGroup`] over a fake RoCE fabric,
 //! with a fake runtime on each side and a fake clock.
 //!
-//! * Every LLC message is encoded with `smc-wire` in the sender's [`LlcFormat`] and parsed
+//! * Every LLC message is encoded with `smc-wire` in the sender's [`super::LlcFormat`] and parsed
 //!   back on the other side ([`LinkGroup::handle_llc_bytes`]), so the codec is exercised.
 //! * Links behave like RC QPs: each direction delivers in order after a seeded delay; the
 //!   sender's completion is positive once the message arrived (the ACK) and negative when
