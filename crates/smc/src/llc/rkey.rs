@@ -230,11 +230,14 @@ impl LinkGroup {
             Role::Server => self.config.is_some() && !self.cfg.linux_compat,
             Role::Client => matches!(self.config, Some(Config::CliAdd(_))),
         } || self.remote_rkey.is_some();
+        // INV-14: at most 255 RMBs per peer per link group (Linux: no free rtoken slot →
+        // NEG and RETRY).
+        let full = self.rt.peer.len() >= 255 && self.rt.find_peer(link, m.rkey).is_none();
         let mut r = *m;
         r.v2 = self.v2();
         r.response = true;
-        if collision {
-            debug!(%link, "CONFIRM RKEY collides with a configuration change: negative");
+        if collision || full {
+            debug!(%link, full, "CONFIRM RKEY refused: negative");
             r.negative = true;
             r.retry = true;
             self.send(link, &LlcMessage::ConfirmRkey(r), Purpose::Plain);

@@ -465,3 +465,24 @@ fn b16_confirm_rkey_cont_received() {
     assert!(sim.hosts[CLIENT].saw(|e| *e == Event::RmbConfirmed(r)));
     sim.check_consistent().unwrap();
 }
+
+/// INV-14: a peer cannot make us track more than 255 of its RMBs.
+#[test]
+fn peer_rmbs_capped_at_255() {
+    let mut s = Solo::client_up(LlcConfig::linux(Role::Client, Version::V2));
+    for i in 0..300u32 {
+        let c = ConfirmRkey {
+            v2: true,
+            rkey: 0x1000 + i,
+            vaddr: u64::from(i),
+            ..Default::default()
+        };
+        s.rx(LinkId::FIRST, &LlcMessage::ConfirmRkey(c));
+        let LlcMessage::ConfirmRkey(r) = s.last().as_wire() else {
+            panic!()
+        };
+        // The CLC-learned RMB is the first of the 255.
+        assert_eq!(r.negative, i >= 254, "{i}");
+    }
+    assert_eq!(s.lg.peer_rmbs().count(), 255);
+}
