@@ -3,4 +3,5 @@
 //!
 //! See `docs/core-design.md` for the module map and the threading model.
 
+pub mod clc;
 pub mod conn;
