@@ -281,9 +281,10 @@ fn tc_clc_16_mtu_min_applied() {
     a.qp_mtu = QpMtu::Mtu1024.code();
     let outs = feed_msg(&mut c, now, &ClcMessage::Accept(a), &mut cenv);
     assert_eq!(only_confirm(&outs).qp_mtu, QpMtu::Mtu1024.code());
-    assert!(
-        cenv.lgr_requests[0].contains("Mtu1024"),
-        "the QP gets the server's MTU too"
+    assert_eq!(
+        cenv.client_requests[0].server.mtu,
+        QpMtu::Mtu1024,
+        "the QP gets it too"
     );
 }
 

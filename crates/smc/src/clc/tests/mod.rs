@@ -126,7 +126,8 @@ pub(super) struct FakeEnv {
     /// Peer RMBs registered.
     pub registered: Vec<PeerRmb>,
     pub lgr_queries: Vec<LgrQuery>,
-    pub lgr_requests: Vec<String>,
+    pub server_requests: Vec<ServerLgrRequest>,
+    pub client_requests: Vec<ClientLgrRequest>,
 }
 
 impl FakeEnv {
@@ -154,7 +155,8 @@ impl FakeEnv {
             started: None,
             registered: Vec::new(),
             lgr_queries: Vec::new(),
-            lgr_requests: Vec::new(),
+            server_requests: Vec::new(),
+            client_requests: Vec::new(),
         }
     }
 
@@ -231,7 +233,7 @@ impl ClcEnv for FakeEnv {
         &mut self,
         req: &ServerLgrRequest,
     ) -> Result<(LgrId, LocalLink), DeclineCode> {
-        self.lgr_requests.push(format!("{req:?}"));
+        self.server_requests.push(req.clone());
         if let Some(c) = self.fail_create {
             return Err(c);
         }
@@ -313,7 +315,7 @@ impl ClcEnv for FakeEnv {
         &mut self,
         req: &ClientLgrRequest,
     ) -> Result<(LgrId, LocalLink), DeclineCode> {
-        self.lgr_requests.push(format!("{req:?}"));
+        self.client_requests.push(req.clone());
         if let Some(c) = self.fail_create {
             return Err(c);
         }
