@@ -108,10 +108,8 @@ impl ClientMachine {
     /// nothing can be offered. Commits no RoCE resources (PROP-1).
     fn build_proposal(&mut self) -> Option<ProposalRepr> {
         let v1 = match (&self.route.v1, self.cfg.v1) {
-            (Some((dev, ip)), true) => match ip_area(ip) {
-                Some(area) => Some((*dev, area)),
-                None => None, // IPv6 without a usable prefix: Linux drops v1 (CNFERR).
-            },
+            // IPv6 without a usable prefix: Linux drops v1 (CNFERR).
+            (Some((dev, ip)), true) => ip_area(ip).map(|area| (*dev, area)),
             _ => None,
         };
         let v2 = match (&self.route.v2, self.cfg.v2_usable()) {

@@ -349,7 +349,7 @@ impl ServerMachine {
         let first = c.contact.is_first();
         let v2 = c.v2.map(|(params, route)| AcceptV2 {
             eid: params.eid,
-            fce: first.then(|| FirstContactExt {
+            fce: first.then_some(FirstContactExt {
                 v2_direct: !route.uses_gateway,
                 os_type: self.cfg.os_type & 0x0F,
                 release: params.release,

@@ -672,7 +672,7 @@ fn tcp_closed_during_rendezvous_resets() {
 }
 
 #[test]
-fn not_eligible_sends_nothing() {
+fn tc_topt_03_04_not_eligible_sends_nothing() {
     for role in [Role::Client, Role::Server] {
         let why = Eligibility::NotEligible {
             reason: "peer did not announce SMC-R".into(),

@@ -404,17 +404,8 @@ impl ClcEnv for FakeEnv {
 pub(super) trait Machine {
     fn poll_output(&mut self) -> Option<Output>;
     fn poll_timeout(&self) -> Option<Instant>;
-    fn outcome(&self) -> Option<&Outcome>;
     fn bytes_wanted(&self) -> usize;
     fn handle_tcp_bytes(&mut self, now: Instant, bytes: &[u8], env: &mut FakeEnv) -> usize;
-    fn handle_tcp_closed(&mut self, now: Instant, env: &mut FakeEnv);
-    fn handle_rkey_confirmed(
-        &mut self,
-        now: Instant,
-        r: Result<(), DeclineCode>,
-        env: &mut FakeEnv,
-    );
-    fn handle_link_event(&mut self, now: Instant, ev: LinkEvent, env: &mut FakeEnv);
     fn on_timeout(&mut self, now: Instant, env: &mut FakeEnv);
 }
 
@@ -427,28 +418,11 @@ macro_rules! impl_machine {
             fn poll_timeout(&self) -> Option<Instant> {
                 <$t>::poll_timeout(self)
             }
-            fn outcome(&self) -> Option<&Outcome> {
-                <$t>::outcome(self)
-            }
             fn bytes_wanted(&self) -> usize {
                 <$t>::bytes_wanted(self)
             }
             fn handle_tcp_bytes(&mut self, now: Instant, bytes: &[u8], env: &mut FakeEnv) -> usize {
                 <$t>::handle_tcp_bytes(self, now, bytes, env)
-            }
-            fn handle_tcp_closed(&mut self, now: Instant, env: &mut FakeEnv) {
-                <$t>::handle_tcp_closed(self, now, env)
-            }
-            fn handle_rkey_confirmed(
-                &mut self,
-                now: Instant,
-                r: Result<(), DeclineCode>,
-                env: &mut FakeEnv,
-            ) {
-                <$t>::handle_rkey_confirmed(self, now, r, env)
-            }
-            fn handle_link_event(&mut self, now: Instant, ev: LinkEvent, env: &mut FakeEnv) {
-                <$t>::handle_link_event(self, now, ev, env)
             }
             fn on_timeout(&mut self, now: Instant, env: &mut FakeEnv) {
                 <$t>::on_timeout(self, now, env)
