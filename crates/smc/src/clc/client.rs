@@ -13,7 +13,7 @@ use smc_wire::decline::DeclineCode;
 use tracing::debug;
 
 use super::config::{ClcConfig, ProposalLayout};
-use super::core::{Core, Incoming, LinkWait, NoEnv};
+use super::core::{wait_until, Core, Incoming, LinkWait, NoEnv};
 use super::env::{
     AcceptQuery, ClcEnv, ClientLgrRequest, ClientRoute, LgrId, LocalLink, PeerLinkId, PeerQp,
     PeerRmb, ProposalIp, RmbAlloc, V2Params, V2Route,
@@ -93,7 +93,7 @@ impl ClientMachine {
         match m.build_proposal() {
             Some(p) => {
                 m.core.send(ClcMessage::Proposal(p));
-                m.core.deadline = Some(now + m.cfg.clc_timeout);
+                m.core.deadline = Some(wait_until(now, m.cfg.clc_timeout));
                 m.state = State::WaitAccept;
             }
             None => {
@@ -553,7 +553,7 @@ impl ClientMachine {
                 link: link.link,
                 rmb: rmb.rmb,
             });
-            self.core.deadline = Some(now + self.cfg.rkey_timeout);
+            self.core.deadline = Some(wait_until(now, self.cfg.rkey_timeout));
             self.state = State::WaitRkey;
             return;
         }
@@ -620,7 +620,7 @@ impl ClientMachine {
         self.core.send(ClcMessage::Confirm(confirm));
         if first {
             // Wait for CONFIRM LINK; a Decline is still possible both ways (C.2).
-            self.core.deadline = Some(now + self.cfg.client_confirm_link_timeout);
+            self.core.deadline = Some(wait_until(now, self.cfg.client_confirm_link_timeout));
             self.state = State::Link(LinkWait::default());
         } else {
             // C.1/C.3: committed to SMC-R once the Confirm is sent.

@@ -106,6 +106,7 @@ pub struct ClcConfig {
     /// enumerated value.
     pub max_peer_rmbe_code: u8,
     /// Wait for each expected CLC message (RFC 7609 C.5; Linux `CLC_WAIT_TIME` 6 s).
+    /// (Every wait is capped at one hour.)
     /// Expiry resets the TCP connection: no fallback.
     pub clc_timeout: Duration,
     /// Bound on a CONFIRM RKEY exchange the machine asked for (the llc machine has its
@@ -161,13 +162,13 @@ impl ClcConfig {
     /// `Smc`, `Fallback` or `Reset`, whatever the peer and the runtime do (sum of every
     /// wait a role can go through).
     pub fn max_rendezvous_time(&self) -> Duration {
-        let llc = self
-            .client_confirm_link_timeout
-            .max(self.server_confirm_link_timeout);
-        self.clc_timeout * 2
-            + self.rkey_timeout
-            + llc
-            + self.add_link_timeout
-            + self.decline_grace * 2
+        let cap = |d: Duration| d.min(super::core::MAX_WAIT);
+        let llc = cap(self.client_confirm_link_timeout).max(cap(self.server_confirm_link_timeout));
+        cap(self.clc_timeout)
+            .saturating_mul(2)
+            .saturating_add(cap(self.rkey_timeout))
+            .saturating_add(llc)
+            .saturating_add(cap(self.add_link_timeout))
+            .saturating_add(cap(self.decline_grace).saturating_mul(2))
     }
 }

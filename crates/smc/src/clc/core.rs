@@ -2,7 +2,7 @@
 //! timer, the Decline window, and the resources to give back when the rendezvous fails.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use smc_wire::clc::{ClcMessage, ClcType, DeclineRepr, Eyecatcher};
 use smc_wire::common::PeerId;
@@ -14,6 +14,14 @@ use super::config::{AddLinkTimeout, ClcConfig, FirstLinkTimeout};
 use super::env::{ClcEnv, LgrId, RmbAlloc};
 use super::reader::{ClcReader, Read};
 use super::{FallbackReason, LinkEvent, LinkFailure, Outcome, Output, ResetReason, Role, Waiting};
+
+/// Longest single wait: a misconfigured timer can delay a rendezvous, not overflow.
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// The deadline of a wait of `d` starting `now` (capped at [`MAX_WAIT`]).
+pub(crate) fn wait_until(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d.min(MAX_WAIT)).unwrap_or(now)
+}
 
 /// A complete or failed read while a CLC message was expected.
 #[derive(Debug)]
@@ -295,7 +303,7 @@ impl Core {
                         // SMCv2.1 with max_links 1: no ADD LINK will come.
                         return true;
                     }
-                    self.deadline = Some(now + cfg.add_link_timeout);
+                    self.deadline = Some(wait_until(now, cfg.add_link_timeout));
                 }
                 false
             }
@@ -349,7 +357,7 @@ impl Core {
                 }
                 FirstLinkTimeout::DeclineAfterGrace => {
                     w.grace = true;
-                    self.deadline = Some(now + cfg.decline_grace);
+                    self.deadline = Some(wait_until(now, cfg.decline_grace));
                 }
             }
             return false;
@@ -362,7 +370,7 @@ impl Core {
             AddLinkTimeout::ContinueSingleLink if w.grace => true,
             AddLinkTimeout::ContinueSingleLink => {
                 w.grace = true;
-                self.deadline = Some(now + cfg.decline_grace);
+                self.deadline = Some(wait_until(now, cfg.decline_grace));
                 false
             }
         }

@@ -11,7 +11,7 @@ use smc_wire::decline::DeclineCode;
 use tracing::debug;
 
 use super::config::ClcConfig;
-use super::core::{Core, Incoming, LinkWait};
+use super::core::{wait_until, Core, Incoming, LinkWait};
 use super::env::{
     ClcEnv, LgrId, LgrLookup, LgrQuery, LinkId, LocalLink, PeerLinkId, PeerQp, PeerRmb, RmbAlloc,
     ServerLgrRequest, ServerRoute, V2Params, V2Route,
@@ -80,7 +80,7 @@ impl ServerMachine {
                 if let Eligibility::PolicyOverride { pattern } = other {
                     debug!(%pattern, "CLC started by policy override (outside RFC 7609)");
                 }
-                m.core.deadline = Some(now + m.cfg.clc_timeout);
+                m.core.deadline = Some(wait_until(now, m.cfg.clc_timeout));
                 m.state = State::WaitProposal;
             }
         }
@@ -334,7 +334,7 @@ impl ServerMachine {
                 link: link.link,
                 rmb: rmb.rmb,
             });
-            self.core.deadline = Some(now + self.cfg.rkey_timeout);
+            self.core.deadline = Some(wait_until(now, self.cfg.rkey_timeout));
             self.state = State::WaitRkey;
             return;
         }
@@ -390,7 +390,7 @@ impl ServerMachine {
             // No chase (C.1, C.3): never a Decline after a subsequent-contact Accept.
             self.core.may_decline = false;
         }
-        self.core.deadline = Some(now + self.cfg.clc_timeout);
+        self.core.deadline = Some(wait_until(now, self.cfg.clc_timeout));
         self.state = State::WaitConfirm;
     }
 
@@ -518,7 +518,7 @@ impl ServerMachine {
                 return self.decline(code, false, env);
             }
             // S9/S10: the llc sends CONFIRM LINK; wait for the response.
-            self.core.deadline = Some(now + self.cfg.server_confirm_link_timeout);
+            self.core.deadline = Some(wait_until(now, self.cfg.server_confirm_link_timeout));
             self.state = State::Link(LinkWait::default());
             return;
         }

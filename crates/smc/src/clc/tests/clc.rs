@@ -712,3 +712,46 @@ fn reserved_version_in_accept_header() {
     let (outs, _) = client_gets(&rfc_v1(), &b);
     assert_declined(&outs, DeclineCode::VERSMISMAT);
 }
+
+#[test]
+fn reason_texts() {
+    assert_eq!(
+        ResetReason::Timeout(Waiting::Accept).to_string(),
+        "timed out waiting for the CLC Accept"
+    );
+    assert_eq!(
+        ResetReason::LocalFailure(DeclineCode::ERR_RTOK).to_string(),
+        "internal error: rtoken handling failed (0x09990001), after the Decline window closed"
+    );
+    let f = FallbackReason {
+        local: DeclineCode::DIFFPREFIX,
+        peer: None,
+        out_of_sync: false,
+        detail: None,
+    };
+    assert_eq!(
+        f.to_string(),
+        "TCP fallback: declined: the peers are not on the same IP subnet/prefix (SMC-Rv1) \
+         (0x03070000)"
+    );
+}
+
+#[test]
+fn absurd_timer_configuration_does_not_overflow() {
+    let mut c = cfg();
+    c.clc_timeout = Duration::MAX;
+    c.decline_grace = Duration::MAX;
+    assert_eq!(
+        c.max_rendezvous_time(),
+        secs(3600.0 * 2.0 + 3.0 + 4.0 + 2.0 + 7200.0)
+    );
+    let now = t0();
+    let (mut m, _) = client(now, &c);
+    assert_eq!(m.poll_timeout(), Some(now + secs(3600.0)));
+    let mut env = FakeEnv::new(CLIENT_HOST);
+    m.on_timeout(now + secs(3600.0), &mut env);
+    assert_eq!(
+        assert_reset(&drain(&mut m)),
+        ResetReason::Timeout(Waiting::Accept)
+    );
+}
