@@ -772,7 +772,13 @@ impl Pair {
                 continue;
             }
             if let (Some(c), Some(s)) = (self.c.outcome(), self.s.outcome()) {
-                // Every byte sent was read, except application data after a fallback.
+                // Unless a side reset, every CLC byte sent was read by the other side.
+                if !matches!(c, Outcome::Reset(_)) && !matches!(s, Outcome::Reset(_)) {
+                    assert!(
+                        self.c2s.is_empty() && self.s2c.is_empty(),
+                        "unread CLC bytes"
+                    );
+                }
                 return (c.clone(), s.clone());
             }
             let next = [self.c.poll_timeout(), self.s.poll_timeout()]
