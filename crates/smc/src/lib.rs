@@ -3,5 +3,6 @@
 //!
 //! See `docs/core-design.md` for the module map and the threading model.
 
+pub mod clc;
 pub mod conn;
 pub mod llc;

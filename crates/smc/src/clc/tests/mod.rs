@@ -1,0 +1,822 @@
+//! Deterministic tests of the rendezvous machines with a fake runtime ([`FakeEnv`]), a
+//! fake clock and a fake llc. Test functions carry the CHECKLIST conformance IDs (§E.2
+//! CLC, §E.3 FC, §E.4 SL, §E.5 SC); `linux` feeds the real Linux 6.12 messages of
+//! `tests/fixtures/pcaps/k612-pair.pcap`; `adversarial` runs seeded random peers.
+
+mod adversarial;
+mod clc;
+mod first_contact;
+mod linux;
+mod subsequent;
+mod v2;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use arrayvec::ArrayVec;
+use smc_wire::clc::{AcceptConfirmRepr, ClcMessage, DeclineRepr, ProposalRepr};
+use smc_wire::common::{BufSize, Gid, HostName, Mac, PeerId, QpMtu, U24};
+use smc_wire::decline::DeclineCode;
+
+use super::*;
+
+pub(super) const UEID: &str = "SMC-PEER-TEST";
+
+pub(super) fn ueids(list: &str) -> UeidTable {
+    UeidTable::parse_list(list).unwrap()
+}
+
+/// Defaults plus one UEID and a host name.
+pub(super) fn cfg() -> ClcConfig {
+    let mut c = ClcConfig::default();
+    c.v2_config.ueids = ueids(UEID);
+    c.hostname = HostName::new("smc-rs-test").unwrap();
+    c
+}
+
+pub(super) fn mac(last: u8) -> Mac {
+    Mac([0x52, 0x54, 0, 0x99, 0, last])
+}
+
+pub(super) fn gid4(last: u8) -> Gid {
+    Gid::from_ipv4(Ipv4Addr::new(10, 99, 0, last))
+}
+
+pub(super) fn pid(instance: u16, last: u8) -> PeerId {
+    PeerId {
+        instance,
+        mac: mac(last),
+    }
+}
+
+pub(super) const CLIENT_HOST: u8 = 2;
+pub(super) const SERVER_HOST: u8 = 1;
+
+pub(super) fn client_route() -> ClientRoute {
+    let dev = LocalDevice {
+        gid: gid4(CLIENT_HOST),
+        mac: mac(CLIENT_HOST),
+    };
+    ClientRoute {
+        peer_id: pid(0xb12d, CLIENT_HOST),
+        v1: Some((
+            dev,
+            ProposalIp::V4 {
+                subnet: Ipv4Addr::new(10, 99, 0, 0),
+                prefix_len: 24,
+            },
+        )),
+        v2: Some(ClientV2Route {
+            device: dev,
+            gid_list: ArrayVec::new(),
+        }),
+    }
+}
+
+pub(super) fn server_route() -> ServerRoute {
+    ServerRoute {
+        peer_id: pid(0x0eef, SERVER_HOST),
+        v1_prefixes: Some(vec![LocalPrefix {
+            addr: IpAddr::V4(Ipv4Addr::new(10, 99, 0, SERVER_HOST)),
+            prefix_len: 24,
+        }]),
+        v2: true,
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct FakeLink {
+    pub local: LocalLink,
+    pub peer: Option<PeerLinkId>,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct FakeLgr {
+    pub version: SmcVersion,
+    pub peer_id: PeerId,
+    pub peer_gid: Gid,
+    pub links: Vec<FakeLink>,
+    pub first_link_started: bool,
+}
+
+/// The runtime side, in memory: link groups with links, RMB elements, knobs to make
+/// each call fail, and a record of what was given back.
+#[derive(Debug)]
+pub(super) struct FakeEnv {
+    pub host: u8,
+    next: u64,
+    pub lgrs: BTreeMap<LgrId, FakeLgr>,
+    pub live_rmbs: BTreeMap<RmbId, LgrId>,
+    pub abandoned: Vec<LgrId>,
+    pub freed: Vec<RmbId>,
+    pub fail_create: Option<DeclineCode>,
+    pub fail_alloc: Option<DeclineCode>,
+    pub fail_register: Option<DeclineCode>,
+    pub fail_start: Option<DeclineCode>,
+    pub conflict: Option<ConnRef>,
+    pub needs_rkey: bool,
+    pub route: Option<V2Route>,
+    /// Server: report link groups as full (parallel link group).
+    pub full: bool,
+    pub mtu: QpMtu,
+    pub rmbe_size: BufSize,
+    /// Server: what `server_start_first_link` was given.
+    pub started: Option<PeerQp>,
+    /// Peer RMBs registered.
+    pub registered: Vec<PeerRmb>,
+    pub lgr_queries: Vec<LgrQuery>,
+    pub server_requests: Vec<ServerLgrRequest>,
+    pub client_requests: Vec<ClientLgrRequest>,
+}
+
+impl FakeEnv {
+    pub fn new(host: u8) -> FakeEnv {
+        FakeEnv {
+            host,
+            next: u64::from(host) * 1000,
+            lgrs: BTreeMap::new(),
+            live_rmbs: BTreeMap::new(),
+            abandoned: Vec::new(),
+            freed: Vec::new(),
+            fail_create: None,
+            fail_alloc: None,
+            fail_register: None,
+            fail_start: None,
+            conflict: None,
+            needs_rkey: false,
+            route: Some(V2Route {
+                uses_gateway: false,
+                nexthop_mac: Mac([0xee; 6]),
+            }),
+            full: false,
+            mtu: QpMtu::Mtu1024,
+            rmbe_size: BufSize::encode(65536, BufSize::LINUX_MAX_CODE),
+            started: None,
+            registered: Vec::new(),
+            lgr_queries: Vec::new(),
+            server_requests: Vec::new(),
+            client_requests: Vec::new(),
+        }
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    fn new_link(&mut self) -> LocalLink {
+        let n = self.id();
+        LocalLink {
+            link: LinkId(n),
+            gid: gid4(self.host),
+            mac: mac(self.host),
+            qpn: U24::new(0x11 + (n as u32 % 1000)).unwrap(),
+            psn: U24::wrapping(0x64b13 + n as u32),
+            mtu: self.mtu,
+        }
+    }
+
+    /// Adds a second active link to `lgr` (for "the client picks another link").
+    pub fn add_link(&mut self, lgr: LgrId, peer: Option<PeerLinkId>) -> LocalLink {
+        let l = self.new_link();
+        self.lgrs
+            .get_mut(&lgr)
+            .unwrap()
+            .links
+            .push(FakeLink { local: l, peer });
+        l
+    }
+
+    /// Live link groups not abandoned.
+    pub fn lgr_count(&self) -> usize {
+        self.lgrs.len()
+    }
+
+    pub fn only_lgr(&self) -> LgrId {
+        assert_eq!(self.lgrs.len(), 1, "{:?}", self.lgrs);
+        *self.lgrs.keys().next().unwrap()
+    }
+
+    /// Records the peer side of our first link once the rendezvous completed (what the
+    /// llc learns from CONFIRM LINK in the real runtime).
+    pub fn learn_peer(&mut self, lgr: LgrId, peer: PeerLinkId) {
+        if let Some(g) = self.lgrs.get_mut(&lgr) {
+            if let Some(l) = g.links.first_mut() {
+                l.peer.get_or_insert(peer);
+            }
+        }
+    }
+}
+
+impl ClcEnv for FakeEnv {
+    fn server_find_lgr(&mut self, q: &LgrQuery) -> LgrLookup {
+        self.lgr_queries.push(q.clone());
+        let found = self.lgrs.iter().find(|(_, g)| {
+            g.version == q.version
+                && match q.version {
+                    SmcVersion::V1 => g.peer_id == q.peer_id,
+                    SmcVersion::V2 => g.peer_gid == q.peer_gid,
+                }
+        });
+        match found {
+            Some(_) if self.full => LgrLookup::AllFull,
+            Some((id, g)) => LgrLookup::Join {
+                lgr: *id,
+                link: g.links[0].local,
+            },
+            None => LgrLookup::None,
+        }
+    }
+
+    fn server_create_lgr(
+        &mut self,
+        req: &ServerLgrRequest,
+    ) -> Result<(LgrId, LocalLink), DeclineCode> {
+        self.server_requests.push(req.clone());
+        if let Some(c) = self.fail_create {
+            return Err(c);
+        }
+        let id = LgrId(self.id());
+        let link = self.new_link();
+        self.lgrs.insert(
+            id,
+            FakeLgr {
+                version: req.version,
+                peer_id: req.peer_id,
+                peer_gid: req.peer_gid,
+                links: vec![FakeLink {
+                    local: link,
+                    peer: None,
+                }],
+                first_link_started: false,
+            },
+        );
+        Ok((id, link))
+    }
+
+    fn server_match_link(&mut self, lgr: LgrId, client: &PeerLinkId) -> Option<LinkId> {
+        let g = self.lgrs.get(&lgr)?;
+        g.links
+            .iter()
+            .find(|l| {
+                l.peer.is_some_and(|p| {
+                    p.qpn == client.qpn
+                        && p.gid == client.gid
+                        && (g.version == SmcVersion::V2 || p.mac == client.mac)
+                })
+            })
+            .map(|l| l.local.link)
+    }
+
+    fn server_start_first_link(
+        &mut self,
+        lgr: LgrId,
+        link: LinkId,
+        client: &PeerQp,
+    ) -> Result<(), DeclineCode> {
+        if let Some(c) = self.fail_start {
+            return Err(c);
+        }
+        let g = self.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
+        let l = g
+            .links
+            .iter_mut()
+            .find(|l| l.local.link == link)
+            .ok_or(DeclineCode::INTERR)?;
+        l.peer = Some(client.id);
+        g.first_link_started = true;
+        self.started = Some(*client);
+        Ok(())
+    }
+
+    fn client_lookup(&mut self, q: &AcceptQuery) -> ClientLookup {
+        let mut out = ClientLookup::default();
+        for (id, g) in &self.lgrs {
+            if g.peer_id != q.server.peer_id {
+                continue;
+            }
+            out.lgr.get_or_insert(*id);
+            for l in &g.links {
+                if let Some(p) = l.peer {
+                    if p.qpn == q.server.qpn
+                        && p.gid == q.server.gid
+                        && (q.version == SmcVersion::V2 || p.mac == q.server.mac)
+                    {
+                        out.link = Some((*id, l.local));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn client_create_lgr(
+        &mut self,
+        req: &ClientLgrRequest,
+    ) -> Result<(LgrId, LocalLink), DeclineCode> {
+        self.client_requests.push(req.clone());
+        if let Some(c) = self.fail_create {
+            return Err(c);
+        }
+        let id = LgrId(self.id());
+        let link = self.new_link();
+        self.lgrs.insert(
+            id,
+            FakeLgr {
+                version: req.version,
+                peer_id: req.server.id.peer_id,
+                peer_gid: req.server.id.gid,
+                links: vec![FakeLink {
+                    local: link,
+                    peer: Some(req.server.id),
+                }],
+                first_link_started: true,
+            },
+        );
+        Ok((id, link))
+    }
+
+    fn alloc_rmb(
+        &mut self,
+        lgr: LgrId,
+        _link: LinkId,
+        first_contact: bool,
+    ) -> Result<RmbAlloc, DeclineCode> {
+        if let Some(c) = self.fail_alloc {
+            return Err(c);
+        }
+        assert!(
+            self.lgrs.contains_key(&lgr),
+            "RMB for an unknown link group"
+        );
+        let n = self.id();
+        let rmb = RmbId(n);
+        self.live_rmbs.insert(rmb, lgr);
+        Ok(RmbAlloc {
+            rmb,
+            rkey: 0x300 + n as u32,
+            vaddr: 0xff22_f8b0_837a_0000 + (n << 20),
+            rmbe_idx: 1,
+            size: self.rmbe_size,
+            alert_token: n as u32,
+            needs_confirm_rkey: self.needs_rkey && !first_contact,
+        })
+    }
+
+    fn register_peer_rmb(
+        &mut self,
+        _lgr: LgrId,
+        _link: LinkId,
+        peer: &PeerRmb,
+    ) -> Result<Option<ConnRef>, DeclineCode> {
+        if let Some(c) = self.fail_register {
+            return Err(c);
+        }
+        self.registered.push(*peer);
+        Ok(self.conflict)
+    }
+
+    fn route_v2(&mut self, _peer_gid: Gid) -> Option<V2Route> {
+        self.route
+    }
+
+    fn free_rmb(&mut self, lgr: LgrId, rmb: RmbId) {
+        assert_eq!(
+            self.live_rmbs.remove(&rmb),
+            Some(lgr),
+            "freeing an unknown RMB"
+        );
+        self.freed.push(rmb);
+    }
+
+    fn abandon_lgr(&mut self, lgr: LgrId) {
+        assert!(
+            self.lgrs.remove(&lgr).is_some(),
+            "abandoning an unknown link group"
+        );
+        self.live_rmbs.retain(|_, l| *l != lgr);
+        self.abandoned.push(lgr);
+    }
+}
+
+/// Either machine, for helpers that serve both.
+pub(super) trait Machine {
+    fn poll_output(&mut self) -> Option<Output>;
+    fn poll_timeout(&self) -> Option<Instant>;
+    fn bytes_wanted(&self) -> usize;
+    fn handle_tcp_bytes(&mut self, now: Instant, bytes: &[u8], env: &mut FakeEnv) -> usize;
+    fn on_timeout(&mut self, now: Instant, env: &mut FakeEnv);
+}
+
+macro_rules! impl_machine {
+    ($t:ty) => {
+        impl Machine for $t {
+            fn poll_output(&mut self) -> Option<Output> {
+                <$t>::poll_output(self)
+            }
+            fn poll_timeout(&self) -> Option<Instant> {
+                <$t>::poll_timeout(self)
+            }
+            fn bytes_wanted(&self) -> usize {
+                <$t>::bytes_wanted(self)
+            }
+            fn handle_tcp_bytes(&mut self, now: Instant, bytes: &[u8], env: &mut FakeEnv) -> usize {
+                <$t>::handle_tcp_bytes(self, now, bytes, env)
+            }
+            fn on_timeout(&mut self, now: Instant, env: &mut FakeEnv) {
+                <$t>::on_timeout(self, now, env)
+            }
+        }
+    };
+}
+impl_machine!(ClientMachine);
+impl_machine!(ServerMachine);
+
+/// All outputs so far.
+pub(super) fn drain(m: &mut impl Machine) -> Vec<Output> {
+    std::iter::from_fn(|| m.poll_output()).collect()
+}
+
+/// The CLC messages among outputs.
+pub(super) fn sent(outs: &[Output]) -> Vec<ClcMessage> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Output::Send(m) => Some((**m).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub(super) fn bytes_of(outs: &[Output]) -> Vec<u8> {
+    sent(outs)
+        .iter()
+        .flat_map(|m| m.to_vec().unwrap())
+        .collect()
+}
+
+pub(super) fn done(outs: &[Output]) -> Option<&Outcome> {
+    outs.iter().find_map(|o| match o {
+        Output::Done(d) => Some(d),
+        _ => None,
+    })
+}
+
+pub(super) fn only_proposal(outs: &[Output]) -> ProposalRepr {
+    match sent(outs).as_slice() {
+        [ClcMessage::Proposal(p)] => p.clone(),
+        other => panic!("expected one Proposal, got {other:?}"),
+    }
+}
+
+pub(super) fn only_accept(outs: &[Output]) -> AcceptConfirmRepr {
+    match sent(outs).as_slice() {
+        [ClcMessage::Accept(a)] => a.clone(),
+        other => panic!("expected one Accept, got {other:?}"),
+    }
+}
+
+pub(super) fn only_confirm(outs: &[Output]) -> AcceptConfirmRepr {
+    match sent(outs).as_slice() {
+        [ClcMessage::Confirm(a)] => a.clone(),
+        other => panic!("expected one Confirm, got {other:?}"),
+    }
+}
+
+pub(super) fn only_decline(outs: &[Output]) -> DeclineRepr {
+    match sent(outs).as_slice() {
+        [ClcMessage::Decline(d)] => *d,
+        other => panic!("expected one Decline, got {other:?}"),
+    }
+}
+
+pub(super) fn smc(o: Option<&Outcome>) -> SmcEstablished {
+    match o {
+        Some(Outcome::Smc(s)) => (**s).clone(),
+        other => panic!("expected SMC-R, got {other:?}"),
+    }
+}
+
+pub(super) fn fallback(o: Option<&Outcome>) -> FallbackReason {
+    match o {
+        Some(Outcome::Fallback(f)) => f.clone(),
+        other => panic!("expected a fallback, got {other:?}"),
+    }
+}
+
+pub(super) fn reset(o: Option<&Outcome>) -> ResetReason {
+    match o {
+        Some(Outcome::Reset(r)) => r.clone(),
+        other => panic!("expected a reset, got {other:?}"),
+    }
+}
+
+/// Asserts that the machine sent a Decline with this code and fell back.
+#[track_caller]
+pub(super) fn assert_declined(outs: &[Output], code: DeclineCode) -> DeclineRepr {
+    let d = only_decline(outs);
+    assert_eq!(d.diagnosis, code, "Decline code");
+    let f = fallback(done(outs));
+    assert_eq!(f.local, code);
+    assert_eq!(f.peer, None);
+    d
+}
+
+/// Asserts a reset with no CLC message sent.
+#[track_caller]
+pub(super) fn assert_reset(outs: &[Output]) -> ResetReason {
+    assert!(
+        sent(outs).is_empty(),
+        "no message on a reset: {:?}",
+        sent(outs)
+    );
+    reset(done(outs))
+}
+
+/// The resources of a failed rendezvous were given back.
+#[track_caller]
+pub(super) fn assert_no_leak(env: &FakeEnv, before_lgrs: usize) {
+    assert!(env.live_rmbs.is_empty(), "RMBs left: {:?}", env.live_rmbs);
+    assert_eq!(
+        env.lgr_count(),
+        before_lgrs,
+        "link groups left: {:?}",
+        env.lgrs
+    );
+}
+
+/// A clock for tests.
+pub(super) fn t0() -> Instant {
+    Instant::now()
+}
+
+pub(super) fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+/// A client that sent its Proposal.
+pub(super) fn client(now: Instant, c: &ClcConfig) -> (ClientMachine, ProposalRepr) {
+    let mut m = ClientMachine::new(now, c, client_route(), Eligibility::BothAnnounced);
+    let outs = drain(&mut m);
+    (m, only_proposal(&outs))
+}
+
+/// A server waiting for a Proposal.
+pub(super) fn server(now: Instant, c: &ClcConfig) -> ServerMachine {
+    let mut m = ServerMachine::new(now, c, server_route(), Eligibility::BothAnnounced);
+    assert!(drain(&mut m).is_empty());
+    m
+}
+
+/// Feeds bytes; asserts they were all taken.
+#[track_caller]
+pub(super) fn feed(
+    m: &mut impl Machine,
+    now: Instant,
+    bytes: &[u8],
+    env: &mut FakeEnv,
+) -> Vec<Output> {
+    let n = m.handle_tcp_bytes(now, bytes, env);
+    assert_eq!(n, bytes.len(), "all bytes taken");
+    drain(m)
+}
+
+pub(super) fn feed_msg(
+    m: &mut impl Machine,
+    now: Instant,
+    msg: &ClcMessage,
+    env: &mut FakeEnv,
+) -> Vec<Output> {
+    feed(m, now, &msg.to_vec().unwrap(), env)
+}
+
+/// A client and a server back to back, with a fake llc for the first link.
+pub(super) struct Pair {
+    pub now: Instant,
+    pub c: ClientMachine,
+    pub s: ServerMachine,
+    pub cenv: FakeEnv,
+    pub senv: FakeEnv,
+    pub c_out: Vec<Output>,
+    pub s_out: Vec<Output>,
+    c2s: Vec<u8>,
+    s2c: Vec<u8>,
+    /// What the fake llc does once both first links exist.
+    pub llc: LlcScript,
+}
+
+/// The fake llc's behaviour on the first link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LlcScript {
+    /// CONFIRM LINK both ways, then the ADD LINK attempt settles.
+    Normal,
+    /// Nothing happens (timers decide).
+    Silent,
+    /// The server's CONFIRM LINK send fails.
+    ServerSendFails,
+    /// The client's CONFIRM LINK response send fails.
+    ClientSendFails,
+}
+
+impl Pair {
+    pub fn new(ccfg: &ClcConfig, scfg: &ClcConfig) -> Pair {
+        Pair::with_envs(
+            ccfg,
+            scfg,
+            FakeEnv::new(CLIENT_HOST),
+            FakeEnv::new(SERVER_HOST),
+        )
+    }
+
+    pub fn with_envs(ccfg: &ClcConfig, scfg: &ClcConfig, cenv: FakeEnv, senv: FakeEnv) -> Pair {
+        let now = t0();
+        Pair::start(now, ccfg, scfg, client_route(), server_route(), cenv, senv)
+    }
+
+    pub fn start(
+        now: Instant,
+        ccfg: &ClcConfig,
+        scfg: &ClcConfig,
+        croute: ClientRoute,
+        sroute: ServerRoute,
+        cenv: FakeEnv,
+        senv: FakeEnv,
+    ) -> Pair {
+        Pair {
+            now,
+            c: ClientMachine::new(now, ccfg, croute, Eligibility::BothAnnounced),
+            s: ServerMachine::new(now, scfg, sroute, Eligibility::BothAnnounced),
+            cenv,
+            senv,
+            c_out: Vec::new(),
+            s_out: Vec::new(),
+            c2s: Vec::new(),
+            s2c: Vec::new(),
+            llc: LlcScript::Normal,
+        }
+    }
+
+    /// Another connection between the same two stacks (link groups kept).
+    pub fn next_connection(self, ccfg: &ClcConfig, scfg: &ClcConfig) -> Pair {
+        let now = self.now + secs(1.0);
+        Pair::start(
+            now,
+            ccfg,
+            scfg,
+            client_route(),
+            server_route(),
+            self.cenv,
+            self.senv,
+        )
+    }
+
+    fn pump(&mut self) -> bool {
+        let mut progress = false;
+        for o in drain(&mut self.c) {
+            match &o {
+                Output::Send(m) => self.c2s.extend(m.to_vec().unwrap()),
+                Output::ConfirmRkey { .. } => {
+                    self.c
+                        .handle_rkey_confirmed(self.now, Ok(()), &mut self.cenv);
+                }
+                _ => {}
+            }
+            self.c_out.push(o);
+            progress = true;
+        }
+        for o in drain(&mut self.s) {
+            match &o {
+                Output::Send(m) => self.s2c.extend(m.to_vec().unwrap()),
+                Output::ConfirmRkey { .. } => {
+                    self.s
+                        .handle_rkey_confirmed(self.now, Ok(()), &mut self.senv);
+                }
+                _ => {}
+            }
+            self.s_out.push(o);
+            progress = true;
+        }
+        let w = self.s.bytes_wanted().min(self.c2s.len());
+        if w > 0 {
+            let n = self
+                .s
+                .handle_tcp_bytes(self.now, &self.c2s[..w], &mut self.senv);
+            self.c2s.drain(..n);
+            progress |= n > 0;
+        }
+        let w = self.c.bytes_wanted().min(self.s2c.len());
+        if w > 0 {
+            let n = self
+                .c
+                .handle_tcp_bytes(self.now, &self.s2c[..w], &mut self.cenv);
+            self.s2c.drain(..n);
+            progress |= n > 0;
+        }
+        progress
+    }
+
+    /// Both first links exist and both machines wait for the llc.
+    fn llc_ready(&self) -> bool {
+        self.senv.started.is_some()
+            && self.cenv.lgrs.values().any(|g| g.first_link_started)
+            && self.c.outcome().is_none()
+            && self.s.outcome().is_none()
+            && self.c2s.is_empty()
+    }
+
+    fn run_llc(&mut self) {
+        let (now, c, s) = (self.now, &mut self.c, &mut self.s);
+        match self.llc {
+            LlcScript::Normal => {
+                s.handle_link_event(now, LinkEvent::ConfirmLinkSent, &mut self.senv);
+                c.handle_link_event(now, LinkEvent::FirstLinkUp, &mut self.cenv);
+                s.handle_link_event(now, LinkEvent::FirstLinkUp, &mut self.senv);
+                s.handle_link_event(now, LinkEvent::PointOfNoReturn, &mut self.senv);
+                c.handle_link_event(now, LinkEvent::PointOfNoReturn, &mut self.cenv);
+                s.handle_link_event(now, LinkEvent::SecondLinkSettled, &mut self.senv);
+                c.handle_link_event(now, LinkEvent::SecondLinkSettled, &mut self.cenv);
+            }
+            LlcScript::Silent => {}
+            LlcScript::ServerSendFails => s.handle_link_event(
+                now,
+                LinkEvent::Failed {
+                    failure: LinkFailure::SendFailed,
+                    code: DeclineCode::TIMEOUT_CL,
+                },
+                &mut self.senv,
+            ),
+            LlcScript::ClientSendFails => {
+                s.handle_link_event(now, LinkEvent::ConfirmLinkSent, &mut self.senv);
+                c.handle_link_event(
+                    now,
+                    LinkEvent::Failed {
+                        failure: LinkFailure::SendFailed,
+                        code: DeclineCode::TIMEOUT_CL,
+                    },
+                    &mut self.cenv,
+                );
+            }
+        }
+        self.llc = LlcScript::Silent;
+    }
+
+    /// Runs until both machines are done, advancing the clock to the next timer when
+    /// nothing else can happen. Panics past the configured bound.
+    pub fn run(&mut self) -> (Outcome, Outcome) {
+        let start = self.now;
+        let bound = start + secs(60.0);
+        loop {
+            while self.pump() {}
+            if self.llc_ready() && self.llc != LlcScript::Silent {
+                self.run_llc();
+                continue;
+            }
+            if let (Some(c), Some(s)) = (self.c.outcome(), self.s.outcome()) {
+                // Unless a side reset, every CLC byte sent was read by the other side.
+                if !matches!(c, Outcome::Reset(_)) && !matches!(s, Outcome::Reset(_)) {
+                    assert!(
+                        self.c2s.is_empty() && self.s2c.is_empty(),
+                        "unread CLC bytes"
+                    );
+                }
+                return (c.clone(), s.clone());
+            }
+            let next = [self.c.poll_timeout(), self.s.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(next) = next else {
+                // A side finished while the other waits for bytes that will never come:
+                // the TCP connection is closed (fallback keeps it, but nothing is sent).
+                if self.c.outcome().is_some() && matches!(self.c.outcome(), Some(Outcome::Reset(_)))
+                {
+                    self.s.handle_tcp_closed(self.now, &mut self.senv);
+                    continue;
+                }
+                if matches!(self.s.outcome(), Some(Outcome::Reset(_))) {
+                    self.c.handle_tcp_closed(self.now, &mut self.cenv);
+                    continue;
+                }
+                panic!(
+                    "stuck: client {:?} server {:?}",
+                    self.c.outcome(),
+                    self.s.outcome()
+                );
+            };
+            assert!(next <= bound, "rendezvous took too long");
+            self.now = self.now.max(next);
+            self.c.on_timeout(self.now, &mut self.cenv);
+            self.s.on_timeout(self.now, &mut self.senv);
+        }
+    }
+
+    /// After a successful first contact, the llc would know the peers' link sides.
+    pub fn learn(&mut self) {
+        if let (Some(Outcome::Smc(c)), Some(Outcome::Smc(s))) = (self.c.outcome(), self.s.outcome())
+        {
+            let (c, s) = ((**c).clone(), (**s).clone());
+            self.cenv.learn_peer(c.lgr, c.peer_link);
+            self.senv.learn_peer(s.lgr, s.peer_link);
+        }
+    }
+}
