@@ -243,7 +243,7 @@ impl LinkGroup {
     }
 
     /// Server: the client asks to delete one link (CDL-2/3): run our own exchange for it.
-    fn srv_client_delete(&mut self, _now: Instant, link: LinkId, m: &DeleteLink) {
+    fn srv_client_delete(&mut self, now: Instant, link: LinkId, m: &DeleteLink) {
         let Some(target) = self.by_num(m.link_num) else {
             if self.gone_nums.contains(&m.link_num) {
                 // C.7.1: being cleaned up, a timing window.
@@ -281,7 +281,7 @@ impl LinkGroup {
             });
         } else {
             // A link still being added (e.g. the client gave up waiting for CONFIRM LINK).
-            self.abort_add(_now, target);
+            self.abort_add(now, target);
             self.mark_down(target);
         }
         self.ops.push_front(Op::DeleteLink {
