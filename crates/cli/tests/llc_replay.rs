@@ -326,7 +326,15 @@ fn k612_replay_as_client() {
     // 1 CONFIRM LINK + 1 ADD LINK + 4+4 CONFIRM RKEY + 6+6 DELETE RKEY... our half of them.
     assert_eq!(r.matched, 15, "{:?}", r.events);
     assert!(r.sent.is_empty(), "nothing extra: {:?}", r.sent);
-    assert_eq!(r.events[..2], [Event::FirstLinkUp, Event::FirstContactDone]);
+    assert_eq!(
+        r.events[..4],
+        [
+            Event::ConfirmLinkSent,
+            Event::FirstLinkUp,
+            Event::PointOfNoReturn,
+            Event::FirstContactDone
+        ]
+    );
     assert_eq!(
         r.events.last(),
         Some(&Event::Terminated(TerminateReason::PeerDeleted(
@@ -346,7 +354,15 @@ fn k612_replay_as_server() {
     let r = replay(Role::Server);
     assert_eq!(r.matched, 16, "{:?}", r.events);
     assert!(r.sent.is_empty(), "nothing extra: {:?}", r.sent);
-    assert_eq!(r.events[..2], [Event::FirstLinkUp, Event::FirstContactDone]);
+    assert_eq!(
+        r.events[..4],
+        [
+            Event::ConfirmLinkSent,
+            Event::FirstLinkUp,
+            Event::PointOfNoReturn,
+            Event::FirstContactDone
+        ]
+    );
     assert_eq!(
         r.events.last(),
         Some(&Event::Terminated(TerminateReason::Local(

@@ -213,7 +213,12 @@ impl LinkGroup {
                     self.srv_add_failed(now, false);
                     return;
                 };
-                self.send(f.carrying, &m.as_wire(), Purpose::Plain);
+                let p = if f.first_contact {
+                    Purpose::SecondLinkMilestone
+                } else {
+                    Purpose::Plain
+                };
+                self.send(f.carrying, &m.as_wire(), p);
                 f.stage = SrvStage::AwaitResponse;
                 f.deadline = Some(now + self.cfg.timers.reply);
                 self.config = Some(Config::SrvAdd(f));
@@ -265,7 +270,12 @@ impl LinkGroup {
                 let Some(m) = self.add_link_msg(link, f.carrying, true) else {
                     return;
                 };
-                self.send(f.carrying, &m.as_wire(), Purpose::Plain);
+                let p = if f.first_contact {
+                    Purpose::SecondLinkMilestone
+                } else {
+                    Purpose::Plain
+                };
+                self.send(f.carrying, &m.as_wire(), p);
                 if self.v2() {
                     f.stage = CliStage::AwaitConfirm;
                     f.deadline = Some(now + self.cfg.timers.new_link_confirm);
@@ -431,6 +441,9 @@ impl LinkGroup {
         if f.carrying != link || !matches!(f.stage, SrvStage::AwaitResponse) {
             debug!(%link, "ADD LINK response out of sequence dropped");
             return;
+        }
+        if f.first_contact {
+            self.point_of_no_return();
         }
         if m.reject {
             info!(reason = m.reject_reason, "the client rejected the new link");
@@ -712,6 +725,9 @@ impl LinkGroup {
             ..*m
         };
         self.send(link, &LlcMessage::AddLink(r), Purpose::Plain);
+        if !matches!(self.first, First::Done) {
+            self.point_of_no_return();
+        }
     }
 
     /// Client: one ADD LINK CONTINUATION from the server; answer with ours (ALC-A3).
@@ -767,6 +783,9 @@ impl LinkGroup {
         if !matches!(f.stage, CliStage::AwaitConfirm) {
             self.protocol_violation(now, link, "CONFIRM LINK before the RTokens");
             return;
+        }
+        if f.first_contact {
+            self.point_of_no_return();
         }
         let Some(l) = self.find(link).cloned() else {
             return;

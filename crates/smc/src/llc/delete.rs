@@ -51,7 +51,14 @@ impl LinkGroup {
         if self.first_pending() && link == LinkId::FIRST {
             // C.7: a send failure before link 1 is confirmed → Decline.
             warn!(%link, "first link failed: {reason}");
-            self.first_failed(smc_wire::decline::DeclineCode::TIMEOUT_CL, true);
+            let kind = match reason {
+                LinkDownReason::SendFailed | LinkDownReason::QpError => {
+                    super::FirstLinkFailureKind::SendFailed
+                }
+                LinkDownReason::ProtocolViolation(_) => super::FirstLinkFailureKind::InvalidMessage,
+                _ => super::FirstLinkFailureKind::Other,
+            };
+            self.first_failed(kind, smc_wire::decline::DeclineCode::TIMEOUT_CL, true);
             return;
         }
         let was_active = l.state == LinkState::Active;

@@ -9,8 +9,8 @@ use tracing::{debug, warn};
 
 use super::link::Link;
 use super::{
-    Config, Event, First, FirstLinkFailure, LinkGroup, LinkId, LinkState, Op, Purpose, Role,
-    TerminateReason, Version,
+    Config, Event, First, FirstLinkFailure, FirstLinkFailureKind, LinkGroup, LinkId, LinkState, Op,
+    Purpose, Role, TerminateReason, Version,
 };
 
 impl LinkGroup {
@@ -24,7 +24,11 @@ impl LinkGroup {
                     l.local_uid = uid;
                 }
                 let m = self.confirm_link_msg(LinkId::FIRST, false, self.max_links);
-                self.send(LinkId::FIRST, &LlcMessage::ConfirmLink(m), Purpose::Plain);
+                self.send(
+                    LinkId::FIRST,
+                    &LlcMessage::ConfirmLink(m),
+                    Purpose::FirstConfirmReq,
+                );
                 self.first = First::ServerConfirm {
                     deadline: now + self.cfg.timers.first_confirm_server,
                 };
@@ -150,10 +154,11 @@ impl LinkGroup {
         if let Some((why, code)) = err {
             warn!("first CONFIRM LINK response rejected: {why}");
             // Our CONFIRM LINK went out: no Decline any more (AMB-19), reset.
-            self.first_failed(code, false);
+            self.first_failed(FirstLinkFailureKind::InvalidMessage, code, false);
             return;
         }
         self.max_links = final_max;
+        self.confirm_link_sent();
         if let Some(l) = self.find_mut(LinkId::FIRST) {
             l.peer_uid = m.link_uid;
             l.state = LinkState::Active;
@@ -183,7 +188,7 @@ impl LinkGroup {
         if let Some((why, code)) = err {
             warn!("first CONFIRM LINK rejected: {why}");
             // Still before our response: Decline and fall back (C.7.1).
-            self.first_failed(code, true);
+            self.first_failed(FirstLinkFailureKind::InvalidMessage, code, true);
             return;
         }
         self.max_links = self.max_links.min(m.max_links);
@@ -209,6 +214,7 @@ impl LinkGroup {
         if self.first != First::ClientRespSent {
             return;
         }
+        self.confirm_link_sent();
         self.emit(Event::FirstLinkUp);
         self.after_first_link_up(now);
     }
@@ -217,6 +223,7 @@ impl LinkGroup {
         if self.max_links < 2 {
             // v2.1 with max_links 1: no second link (Linux does not wait for one).
             self.first = First::Done;
+            self.point_of_no_return();
             self.emit(Event::FirstContactDone);
             return;
         }
@@ -262,6 +269,7 @@ impl LinkGroup {
         };
         if settled && self.term == super::Term::Running {
             self.first = First::Done;
+            self.point_of_no_return();
             self.emit(Event::FirstContactDone);
         }
     }
@@ -272,7 +280,11 @@ impl LinkGroup {
                 if deadline <= now =>
             {
                 // C.7.1: no CONFIRM LINK (response) in time: reset, clean up the link.
-                self.first_failed(DeclineCode::TIMEOUT_CL, false);
+                self.first_failed(
+                    FirstLinkFailureKind::Timeout,
+                    DeclineCode::TIMEOUT_CL,
+                    false,
+                );
             }
             First::Second {
                 deadline: Some(deadline),
@@ -281,6 +293,7 @@ impl LinkGroup {
                     // Linux clients carry on with one link (H4).
                     debug!("no ADD LINK after first contact: continuing with one link");
                     self.first = First::Done;
+                    self.point_of_no_return();
                     self.emit(Event::FirstContactDone);
                 } else {
                     // C.7.1 "CONFIRM LINK reply (client, first contact)": reset.
@@ -296,9 +309,33 @@ impl LinkGroup {
         }
     }
 
+    /// Our first CONFIRM LINK went out (reported once, before `FirstLinkUp`).
+    pub(super) fn confirm_link_sent(&mut self) {
+        if !self.confirm_sent && self.first_pending() {
+            self.confirm_sent = true;
+            self.emit(Event::ConfirmLinkSent);
+        }
+    }
+
+    /// The C.3 point of no return of first contact (reported once).
+    pub(super) fn point_of_no_return(&mut self) {
+        if !self.ponr && self.confirm_sent && self.term == super::Term::Running {
+            self.ponr = true;
+            self.emit(Event::PointOfNoReturn);
+        }
+    }
+
     /// First contact failed before link 1 was confirmed.
-    pub(super) fn first_failed(&mut self, code: DeclineCode, may_decline: bool) {
+    pub(super) fn first_failed(
+        &mut self,
+        kind: FirstLinkFailureKind,
+        code: DeclineCode,
+        may_decline: bool,
+    ) {
+        // C.2 / AMB-19: never a Decline after our own CONFIRM LINK went out.
+        let may_decline = may_decline && !self.confirm_sent;
         self.emit(Event::FirstLinkFailed(FirstLinkFailure {
+            kind,
             code,
             may_decline,
         }));

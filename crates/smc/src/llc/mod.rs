@@ -24,9 +24,11 @@
 //! * **First link** (§3.5.1.5, B.3, B.4): the server sends CONFIRM LINK on link 1 when the
 //!   machine is created and waits for the response; the client waits for the request,
 //!   validates it against the values learned in CLC (MAC in v1, GID, QPN, eye-catcher
-//!   flag, `max_links`) and answers. [`Event::FirstLinkUp`] / [`Event::FirstLinkFailed`]
-//!   (with the Decline code Linux would use and whether a Decline is still allowed, C.2)
-//!   tell the CLC machine. `max_links` becomes `min(server, client)`; a client value above
+//!   flag, `max_links`) and answers. [`Event::ConfirmLinkSent`], [`Event::FirstLinkUp`],
+//!   [`Event::PointOfNoReturn`], [`Event::FirstContactDone`] and
+//!   [`Event::FirstLinkFailed`] (with the Decline code Linux would use and whether a
+//!   Decline is still allowed, C.2/C.3) are the milestones the CLC machine needs
+//!   (`clc::LinkEvent` one to one). `max_links` becomes `min(server, client)`; a client value above
 //!   the server's, or below 2 in v1, is a protocol error (CL-4).
 //! * **Second link** (§3.5.1.6, B.5, C.3, C.8): with `max_links > 1` the server adds a link
 //!   right after first contact — on another device if it has one, else on the same device
@@ -463,9 +465,24 @@ pub enum TerminateReason {
     Aborted,
 }
 
+/// What went wrong with the first link.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum FirstLinkFailureKind {
+    /// A send completed in error or the QP failed (the usual RoCE failure, C.7).
+    SendFailed,
+    /// The peer's CONFIRM LINK was invalid (C.7.1).
+    InvalidMessage,
+    /// Our timer expired without the peer's CONFIRM LINK (C.7, C.7.1).
+    Timeout,
+    /// Anything else.
+    Other,
+}
+
 /// Why the first link could not be confirmed (reported to the CLC machine).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct FirstLinkFailure {
+    /// What went wrong.
+    pub kind: FirstLinkFailureKind,
     /// Diagnosis code for the Decline (Linux's codes).
     pub code: DeclineCode,
     /// RFC 7609 C.2/C.7: a Decline (and TCP fallback) is still allowed; otherwise the TCP
@@ -476,9 +493,16 @@ pub struct FirstLinkFailure {
 /// What the runtime is told.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// First contact: our CONFIRM LINK (server: the request; client: the response) went
+    /// out successfully; from now on this side never sends a Decline (C.2, AMB-19).
+    ConfirmLinkSent,
     /// First contact: link 1 is confirmed (server: valid response received; client: our
-    /// response sent successfully). No Decline from here on.
+    /// response sent successfully). Comes after `ConfirmLinkSent`.
     FirstLinkUp,
+    /// First contact: the C.3 point of no return passed (server: the ADD LINK went out or
+    /// was answered; client: a negative ADD LINK answer sent, a positive one completed, or
+    /// the second link's CONFIRM LINK arrived); at the latest with `FirstContactDone`.
+    PointOfNoReturn,
     /// First contact failed before the first link was confirmed. [`Event::Terminated`]
     /// follows.
     FirstLinkFailed(FirstLinkFailure),
@@ -574,8 +598,13 @@ pub enum Output {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Purpose {
     Plain,
+    /// Server: the first CONFIRM LINK request; its success is `ConfirmLinkSent`.
+    FirstConfirmReq,
     /// Client: the first CONFIRM LINK response; its success is `FirstLinkUp`.
     FirstConfirmResp,
+    /// First contact: the ADD LINK request (server) or a positive answer (client); its
+    /// success is the C.3 point of no return.
+    SecondLinkMilestone,
     /// DELETE LINK (all): the link group ends once it went out (LGT-4).
     DeleteAll,
     /// Client: response to the server's DELETE LINK; the link goes once it is out (SDL-5).
@@ -663,6 +692,9 @@ pub struct LinkGroup {
     req_add: Option<Instant>,
     /// Client: the server's ADD LINK request arrived (first contact's second link).
     add_seen: bool,
+    /// First contact milestones reported: `ConfirmLinkSent`, `PointOfNoReturn`.
+    confirm_sent: bool,
+    ponr: bool,
     ops: VecDeque<Op>,
     /// No CONFIRM RKEY before this (after a negative answer with the retry flag).
     rkey_hold: Option<Instant>,
@@ -728,6 +760,8 @@ impl LinkGroup {
             client_dels: Vec::new(),
             req_add: None,
             add_seen: false,
+            confirm_sent: false,
+            ponr: false,
             ops: VecDeque::new(),
             rkey_hold: None,
             deferred: VecDeque::new(),
@@ -1037,7 +1071,9 @@ impl LinkGroup {
             }
         } else {
             match purpose {
+                Some(Purpose::FirstConfirmReq) => self.confirm_link_sent(),
                 Some(Purpose::FirstConfirmResp) => self.first_resp_sent(now),
+                Some(Purpose::SecondLinkMilestone) => self.point_of_no_return(),
                 Some(Purpose::DeleteAll) => {
                     if let Term::Ending { reason, .. } = self.term {
                         if self.cfg.role == Role::Server {

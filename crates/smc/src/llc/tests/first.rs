@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// A first contact that went well, in order.
+const FIRST_OK: [Event; 4] = [
+    Event::ConfirmLinkSent,
+    Event::FirstLinkUp,
+    Event::PointOfNoReturn,
+    Event::FirstContactDone,
+];
+
 /// TC-FC-01 / TC-SL-03 / TC-SL-16: the whole first-contact ladder with one device each: the
 /// server still attempts an (asymmetric) second link on its only device and the client
 /// rejects it "no alternate path"; both say FirstLinkUp then FirstContactDone.
@@ -21,11 +29,7 @@ fn tc_fc_01_happy_path_single_devices() {
             "{name}"
         );
         for h in [SERVER, CLIENT] {
-            assert_eq!(
-                main_events(&sim, h),
-                [Event::FirstLinkUp, Event::FirstContactDone],
-                "{name} host {h}"
-            );
+            assert_eq!(main_events(&sim, h), FIRST_OK, "{name} host {h}");
         }
         let add = sim.sent(SERVER, LlcType::AddLink)[0].msg.as_wire();
         let rsp = sim.sent(CLIENT, LlcType::AddLink)[0].msg.as_wire();
@@ -101,6 +105,7 @@ fn tc_fc_11_confirm_link_wrong_qpn() {
         s.events,
         [
             Event::FirstLinkFailed(FirstLinkFailure {
+                kind: FirstLinkFailureKind::InvalidMessage,
                 code: smc_wire::decline::DeclineCode::CNFERR,
                 may_decline: true
             }),
@@ -141,6 +146,7 @@ fn tc_fc_13_client_confirm_timer_expiry() {
     assert_eq!(
         sim.hosts[CLIENT].events[0],
         Event::FirstLinkFailed(FirstLinkFailure {
+            kind: FirstLinkFailureKind::Timeout,
             code: smc_wire::decline::DeclineCode::TIMEOUT_CL,
             may_decline: false
         })
@@ -158,6 +164,7 @@ fn tc_fc_14_server_confirm_link_send_error() {
     assert_eq!(
         sim.hosts[SERVER].events[0],
         Event::FirstLinkFailed(FirstLinkFailure {
+            kind: FirstLinkFailureKind::SendFailed,
             code: smc_wire::decline::DeclineCode::TIMEOUT_CL,
             may_decline: true
         })
@@ -185,11 +192,12 @@ fn tc_fc_16_server_confirm_link_rsp_timeout() {
     let mut sim = Sim::new(rfc_pair(), 1);
     swallow(&mut sim, |w| is(w, CLIENT, LlcType::ConfirmLink, true));
     sim.run_for(Duration::from_millis(1990));
-    assert!(sim.hosts[SERVER].events.is_empty());
+    assert_eq!(sim.hosts[SERVER].events, [Event::ConfirmLinkSent]);
     sim.run_for(Duration::from_millis(20));
     assert_eq!(
-        sim.hosts[SERVER].events[0],
+        sim.hosts[SERVER].events[1],
         Event::FirstLinkFailed(FirstLinkFailure {
+            kind: FirstLinkFailureKind::Timeout,
             code: smc_wire::decline::DeclineCode::TIMEOUT_CL,
             may_decline: false
         })
@@ -209,7 +217,9 @@ fn tc_fc_17_no_data_before_second_link_attempt() {
         assert_eq!(
             main_events(&sim, h),
             [
+                Event::ConfirmLinkSent,
                 Event::FirstLinkUp,
+                Event::PointOfNoReturn,
                 Event::LinkUp(LinkId(1)),
                 Event::FirstContactDone
             ],
@@ -229,7 +239,7 @@ fn tc_fc_18_maxlinks_negotiation() {
     r.max_links = 0;
     s.rx(LinkId::FIRST, &LlcMessage::ConfirmLink(r));
     assert_eq!(s.lg.max_links(), 8);
-    assert_eq!(s.events[0], Event::FirstLinkUp);
+    assert_eq!(s.events[..2], [Event::ConfirmLinkSent, Event::FirstLinkUp]);
 
     cfg.max_links = 4;
     let mut s = Solo::new(cfg.clone(), 1);
@@ -241,8 +251,8 @@ fn tc_fc_18_maxlinks_negotiation() {
     let mut s = Solo::new(cfg.clone(), 1);
     r.max_links = 5;
     s.rx(LinkId::FIRST, &LlcMessage::ConfirmLink(r));
-    assert!(matches!(s.events[0], Event::FirstLinkFailed(f)
-        if f.code == smc_wire::decline::DeclineCode::MAXLINKERR));
+    assert!(s.saw(|e| matches!(e, Event::FirstLinkFailed(f)
+        if f.code == smc_wire::decline::DeclineCode::MAXLINKERR)));
 
     // The client answers with the smaller value and refuses a v1 server's 1.
     let mut c = LlcConfig::rfc(Role::Client);
@@ -259,7 +269,7 @@ fn tc_fc_18_maxlinks_negotiation() {
     let mut s = Solo::new(c, 1);
     q.max_links = 1;
     s.rx(LinkId::FIRST, &LlcMessage::ConfirmLink(q));
-    assert!(matches!(s.events[0], Event::FirstLinkFailed(_)));
+    assert!(s.saw(|e| matches!(e, Event::FirstLinkFailed(_))));
 
     // v2.1 may negotiate 1: no second link, done at once, no ADD LINK wait.
     let mut c = LlcConfig::linux(Role::Client, Version::V2);
@@ -267,7 +277,7 @@ fn tc_fc_18_maxlinks_negotiation() {
     let mut s = Solo::new(c, 1);
     let q = s.peer_confirm_link(false, 1);
     s.rx(LinkId::FIRST, &LlcMessage::ConfirmLink(q));
-    assert_eq!(s.events, [Event::FirstLinkUp, Event::FirstContactDone]);
+    assert_eq!(s.events, FIRST_OK);
 }
 
 /// TC-FC-23: after its CONFIRM LINK response the client waits for the server's ADD LINK;
@@ -275,19 +285,19 @@ fn tc_fc_18_maxlinks_negotiation() {
 #[test]
 fn tc_fc_23_client_waits_add_link_timeout() {
     let mut s = Solo::client_up(LlcConfig::rfc(Role::Client));
-    assert_eq!(s.events, [Event::FirstLinkUp]);
+    assert_eq!(s.events, [Event::ConfirmLinkSent, Event::FirstLinkUp]);
     s.advance(Duration::from_millis(1990));
-    assert_eq!(s.events, [Event::FirstLinkUp]);
+    assert_eq!(s.events, [Event::ConfirmLinkSent, Event::FirstLinkUp]);
     s.advance(Duration::from_millis(20));
     assert_eq!(
-        s.events[1],
+        s.events[2],
         Event::Terminated(TerminateReason::FirstContact(
             smc_wire::decline::DeclineCode::TIMEOUT_AL
         ))
     );
     let mut s = Solo::client_up(LlcConfig::linux(Role::Client, Version::V2));
     s.advance(Duration::from_millis(2010));
-    assert_eq!(s.events, [Event::FirstLinkUp, Event::FirstContactDone]);
+    assert_eq!(s.events, FIRST_OK);
     assert!(!s.lg.is_terminated());
 }
 
@@ -366,7 +376,7 @@ fn tc_sl_05_add_link_bad_mtu() {
     assert!(r.response && r.reject);
     assert_eq!(r.reject_reason, ADD_LINK_RSN_INVALID_MTU);
     assert!(s.created.is_empty());
-    assert_eq!(s.events, [Event::FirstLinkUp, Event::FirstContactDone]);
+    assert_eq!(s.events, FIRST_OK);
 }
 
 /// TC-SL-06: a client answer that would make a parallel link (the same RNIC on both sides
@@ -435,7 +445,7 @@ fn tc_sl_07_second_confirm_link_fails() {
     settle(&mut sim);
     // The client had confirmed link 2; the server's DELETE LINK removes it there too.
     let ev = main_events(&sim, SERVER);
-    assert_eq!(ev, [Event::FirstLinkUp, Event::FirstContactDone]);
+    assert_eq!(ev, FIRST_OK);
     sim.check_consistent().unwrap();
     assert_eq!(sim.hosts[SERVER].lg.links().count(), 1);
 }
@@ -593,4 +603,28 @@ fn tc_sl_13_distinct_rtoken_per_link() {
     assert_eq!(c.peer_rmb_by_rkey(LinkId(1), t2.rkey), Some(p));
     assert_eq!(c.peer_token(p, LinkId(1)), Some(t2));
     sim.check_consistent().unwrap();
+}
+
+/// C.2 / AMB-19: once our CONFIRM LINK went out, a first-link failure is a reset, not a
+/// Decline; before, a send error is a Decline.
+#[test]
+fn tc_fc_21_no_decline_after_own_confirm_link() {
+    let mut s = Solo::new(LlcConfig::rfc(Role::Server), 1);
+    assert_eq!(s.events, [Event::ConfirmLinkSent]);
+    s.lg.on_link_error(s.now, LinkId::FIRST);
+    s.drain();
+    assert_eq!(
+        s.events[1],
+        Event::FirstLinkFailed(FirstLinkFailure {
+            kind: FirstLinkFailureKind::SendFailed,
+            code: smc_wire::decline::DeclineCode::TIMEOUT_CL,
+            may_decline: false
+        })
+    );
+    let mut s2 = Solo::new(LlcConfig::rfc(Role::Client), 1);
+    s2.fail_sends = true;
+    let m = s2.peer_confirm_link(false, 1);
+    s2.rx(LinkId::FIRST, &LlcMessage::ConfirmLink(m));
+    assert!(matches!(s2.events[0], Event::FirstLinkFailed(f)
+        if f.may_decline && f.kind == FirstLinkFailureKind::SendFailed));
 }
