@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use smc_bpf::{SkipOptionPolicy, SmcOption, Unavailable};
 use smc_verbs::Provider;
 use smc_wire::common::{Mac, PeerId};
-use tracing::{debug, warn};
+use tracing::{debug, trace, warn};
 
 use crate::clc::{ClcConfig, FallbackReason, LgrId, UeidTable};
 use crate::conn::{ConnConfig, UpdatePolicy};
@@ -342,7 +342,15 @@ struct TokenSlot {
     gen: u16,
     used: bool,
     conn: Option<Arc<ConnShared>>,
+    /// CDCs that arrived before the rendezvous finished here: on subsequent contact the
+    /// client may write as soon as its Confirm is out, so its first CDC can overtake
+    /// the Confirm's processing on our event thread.
+    early: Vec<[u8; 44]>,
 }
+
+/// Most early CDCs kept per token (a well-behaved peer sends a handful at most before
+/// the Confirm is processed: its window is our whole RMBE).
+const MAX_EARLY_CDCS: usize = 64;
 
 impl Tokens {
     fn alloc(&mut self) -> Option<u32> {
@@ -370,10 +378,30 @@ impl Tokens {
         (s.used && u32::from(s.gen) == token >> 16).then_some(s)
     }
 
-    fn set(&mut self, token: u32, conn: Arc<ConnShared>) {
-        if let Some(s) = self.slot(token) {
-            s.conn = Some(conn);
+    /// Attaches the connection; returns the CDCs that arrived before it.
+    fn set(&mut self, token: u32, conn: Arc<ConnShared>) -> Vec<[u8; 44]> {
+        match self.slot(token) {
+            Some(s) => {
+                s.conn = Some(conn);
+                std::mem::take(&mut s.early)
+            }
+            None => Vec::new(),
         }
+    }
+
+    /// Keeps a CDC for a token whose connection is not attached yet; returns the
+    /// connection instead if it is attached by now.
+    fn early(&mut self, token: u32, cdc: &[u8; 44]) -> Option<Arc<ConnShared>> {
+        let s = self.slot(token)?;
+        if let Some(c) = &s.conn {
+            return Some(c.clone());
+        }
+        if s.early.len() < MAX_EARLY_CDCS {
+            s.early.push(*cdc);
+        } else {
+            debug!(token, "too many early CDCs; dropped");
+        }
+        None
     }
 
     fn get(&self, token: u32) -> Option<Arc<ConnShared>> {
@@ -390,6 +418,7 @@ impl Tokens {
         if let Some(s) = self.slot(token) {
             s.used = false;
             s.conn = None;
+            s.early.clear();
             s.gen = s.gen.wrapping_add(1).max(1);
             self.free.push(slot);
             self.used -= 1;
@@ -490,13 +519,23 @@ impl Inner {
         let Some(msg) = conn::from_wire(bytes) else {
             return;
         };
-        match self.conn_by_token(msg.token) {
+        let conn = match self.conn_by_token(msg.token) {
+            Some(c) => Some(c),
+            None => match self.tokens.write() {
+                Ok(mut t) => t.early(msg.token, bytes),
+                Err(_) => None,
+            },
+        };
+        match conn {
             Some(c) if c.lgr == link.lgr => c.on_cdc(&msg, now),
             Some(_) => debug!(
                 token = msg.token,
                 "CDC for a connection of another link group dropped"
             ),
-            None => debug!(token = msg.token, "CDC with an unknown alert token dropped"),
+            None => trace!(
+                token = msg.token,
+                "CDC kept for later or dropped (no connection)"
+            ),
         }
     }
 
