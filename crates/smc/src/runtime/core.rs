@@ -1130,6 +1130,7 @@ impl Core {
             Inbox::LlcRecv { lgr, link, bytes } => {
                 if let Some(l) = self.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {
                     trace!(lgr = lgr.0, %link, len = bytes.len(), "LLC received");
+                    inner.counters.llc_received.fetch_add(1, Ordering::Relaxed);
                     l.on_link_activity(now, link);
                     l.handle_llc_bytes(now, link, &bytes);
                     self.dirty.insert(lgr);
@@ -1158,7 +1159,6 @@ impl Core {
             }
             Inbox::ConnClosed | Inbox::Released => {}
         }
-        let _ = inner;
     }
 
     fn check_activity(&mut self, now: Instant) {
@@ -1460,6 +1460,7 @@ impl Core {
                         (Ok(bytes), Some(res)) => match res.post_llc(t.id, &bytes) {
                             Ok(()) => {
                                 trace!(lgr = id.0, link = %t.link, "LLC sent");
+                                inner.counters.llc_sent.fetch_add(1, Ordering::Relaxed);
                                 true
                             }
                             Err(e) => {

@@ -290,6 +290,10 @@ pub struct Stats {
     pub lgrs_ended: u64,
     /// TEST LINK-driven or other link failures.
     pub links_failed: u64,
+    /// LLC messages received (all link groups, ever; TEST LINK included).
+    pub llc_received: u64,
+    /// LLC messages sent.
+    pub llc_sent: u64,
 }
 
 #[derive(Default)]
@@ -301,6 +305,8 @@ pub(crate) struct Counters {
     pub rmbs_deleted: AtomicU64,
     pub lgrs_ended: AtomicU64,
     pub links_failed: AtomicU64,
+    pub llc_received: AtomicU64,
+    pub llc_sent: AtomicU64,
 }
 
 /// Messages to the event thread.
@@ -637,6 +643,8 @@ impl Stack {
         s.rmbs_deleted = c.rmbs_deleted.load(Ordering::Relaxed);
         s.lgrs_ended = c.lgrs_ended.load(Ordering::Relaxed);
         s.links_failed = c.links_failed.load(Ordering::Relaxed);
+        s.llc_received = c.llc_received.load(Ordering::Relaxed);
+        s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
         s
     }
 
