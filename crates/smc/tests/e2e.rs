@@ -151,3 +151,41 @@ fn hundred_concurrent_connections_share_one_link_group() {
     let s = srv.stats();
     assert_eq!(s.rmb_elements_in_use, 0, "{s:?}");
 }
+
+#[test]
+fn rmbs_beyond_the_cache_are_deleted_with_delete_rkey() {
+    let small = |c: &mut smc::StackConfig| c.rmb_cache = 2;
+    let (srv, cli) = pair_with(small, small);
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    // Ten connections open at once: nine of them get a new RMB announced with CONFIRM
+    // RKEY on subsequent contact.
+    let streams: Vec<smc::SmcStream> = (0..10)
+        .map(|_| smc::SmcStream::connect_with(&cli, addr).unwrap())
+        .collect();
+    for (i, s) in streams.iter().enumerate() {
+        assert!(s.mode().is_smc(), "{}", s.mode());
+        let d = pattern(i as u64, 5000);
+        (&*s).write_all(&d).unwrap();
+        let mut back = vec![0u8; 5000];
+        (&*s).read_exact(&mut back).unwrap();
+        assert!(back == d);
+    }
+    assert_eq!(cli.link_groups().len(), 1);
+    assert!(cli.stats().rmbs >= 10, "{:?}", cli.stats());
+    drop(streams);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (c, s) = (cli.stats(), srv.stats());
+            c.smc_connections == 0 && s.smc_connections == 0 && c.rmbs <= 2 && s.rmbs <= 2
+        }),
+        "{:?} / {:?}",
+        cli.stats(),
+        srv.stats()
+    );
+    assert!(cli.stats().rmbs_deleted >= 8, "{:?}", cli.stats());
+    assert!(srv.stats().rmbs_deleted >= 8, "{:?}", srv.stats());
+    // The link group carries on.
+    assert!(echo_once(&cli, addr, 99, 1000).is_smc());
+}

@@ -126,8 +126,8 @@ impl StackConfig {
 
     /// The process default: the software RNIC, UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
-    /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes). Bad values are
-    /// logged and ignored.
+    /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
+    /// address from `SMC_RS_LOCAL_ADDR`. Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
         match UeidTable::from_env_or_file() {
@@ -153,6 +153,12 @@ impl StackConfig {
         }
         if let Some(n) = size("SMC_RS_SNDBUF_SIZE") {
             c.sndbuf_size = n;
+        }
+        if let Ok(v) = std::env::var("SMC_RS_LOCAL_ADDR") {
+            match v.trim().parse::<IpAddr>() {
+                Ok(ip) => c.local_addr = Some(ip),
+                Err(_) => warn!(value = %v, "SMC_RS_LOCAL_ADDR is not an IP address; ignored"),
+            }
         }
         c
     }
