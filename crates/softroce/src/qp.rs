@@ -428,12 +428,11 @@ impl QpInner {
         }
     }
 
+    /// Work the engine must do without a packet or timer to trigger it:
+    /// only streaming READ responses. (The send queue advances on ACKs and
+    /// timers, which already run through the engine.)
     fn has_work(&self) -> bool {
         !self.pending_reads.is_empty()
-            || (self.state == QpState::Rts
-                && self.rnr_until.is_none()
-                && self.next_wqe < self.sq.len()
-                && psn_diff(self.psn, self.una) < self.cwnd)
     }
 
     // ----- completions and errors -------------------------------------
