@@ -1111,8 +1111,10 @@ impl QpInner {
         let off = k as usize * self.mtu;
         let len = (w.len as usize).saturating_sub(off).min(self.mtu);
         if p.repr.bth.opcode != want || p.payload_len != len {
-            tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response ignored");
-            return;
+            // The expected response, but with the wrong opcode or length:
+            // the responder is broken (IBA "bad response").
+            tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response");
+            return self.fail_front(ctx, WcStatus::BadRespErr);
         }
         scatter(&w.segs, off, &pkt[p.payload_off..p.payload_off + len]);
         self.sq[0].read_got += 1;
