@@ -122,8 +122,11 @@ fn setup(net: u8) -> (Side, Peer) {
         min_rnr_timer: 3,
     })
     .unwrap();
+    // A long ACK timeout (268 ms) so no retransmission interleaves with
+    // the script.
     s.qp.modify_to_rts(&RtsAttr {
         sq_psn: 500,
+        timeout: 16,
         ..o.rts
     })
     .unwrap();
