@@ -1143,6 +1143,13 @@ impl QpInner {
         }
         match syn {
             Syndrome::NakPsnSeqError => {
+                if self.rnr_until.is_some() || self.last_rewind == Some(psn) {
+                    // Packets that followed an RNR-NAKed one (the RNR wait
+                    // already rewound), or a duplicate of a NAK we acted on
+                    // without progress since.
+                    return;
+                }
+                self.last_rewind = Some(psn);
                 // RTY-4: retransmit from the NAK'd PSN without using a retry.
                 self.cwnd = (self.cwnd / 2).max(MIN_WINDOW);
                 self.rewind(psn);
