@@ -893,7 +893,17 @@ fn icrc_ok(dev: &DevShared, src: IpAddr, sport: u16, pkt: &[u8]) -> bool {
                         .fetch_add(1, Ordering::Relaxed);
                     true
                 }
-                None => false,
+                // RoCE senders set DF, but the flags are covered unmasked:
+                // accept a sender that does not.
+                None => {
+                    let no_df = IpInfo::V4 {
+                        src: s,
+                        dst: d,
+                        id: 0,
+                        flags_frag: 0,
+                    };
+                    icrc::recover_ipv4_id(&no_df, sport, dev.local_port, pkt).is_some()
+                }
             }
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
