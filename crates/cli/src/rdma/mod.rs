@@ -83,6 +83,20 @@ pub enum RdmaCommand {
     Selftest(selftest::Args),
     /// Bulk RDMA WRITE + SEND transfer with SHA-256 checks on both ends.
     Transfer(transfer::Args),
+    /// Print which RDMA provider this build has (exit 1 without one).
+    Info,
+}
+
+/// `smc rdma info`.
+fn info() -> Result<(), RdmaError> {
+    if cfg!(feature = "softroce") {
+        println!("provider: softroce (software RoCEv2 RNIC over UDP 4791)");
+        Ok(())
+    } else {
+        Err(RdmaError::NoProvider(
+            std::net::Ipv4Addr::UNSPECIFIED.into(),
+        ))
+    }
 }
 
 /// Runs a subcommand; errors are printed, the exit status says pass/fail.
@@ -93,6 +107,7 @@ pub fn command(cmd: &RdmaCommand) -> ExitCode {
         RdmaCommand::Bench(a) => ("bench", bench::run(a)),
         RdmaCommand::Selftest(a) => ("selftest", selftest::run(a)),
         RdmaCommand::Transfer(a) => ("transfer", transfer::run(a)),
+        RdmaCommand::Info => ("info", info()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
