@@ -45,7 +45,7 @@ ip netns add "$ns" || skip "cannot create network namespaces"
 ip -n "$ns" link set lo up
 ip -n "$ns" addr add 127.0.0.2/8 dev lo 2>/dev/null # usually implied by 127.0.0.1/8
 
-ip netns exec "$ns" tcpdump -i lo -U -s 0 -w "$tmp/selftest.pcap" 'udp port 4791' 2>"$tmp/tcpdump.log" &
+ip netns exec "$ns" tcpdump -i lo --immediate-mode -U -s 0 -w "$tmp/selftest.pcap" 'udp port 4791' 2>"$tmp/tcpdump.log" &
 tcpdump_pid=$!
 for _ in $(seq 50); do grep -q "listening on" "$tmp/tcpdump.log" && break; sleep 0.1; done
 grep -q "listening on" "$tmp/tcpdump.log" || fail "tcpdump did not start: $(cat "$tmp/tcpdump.log")"
@@ -56,7 +56,7 @@ if ! ip netns exec "$ns" timeout 60 "$smc" rdma selftest --all-opcodes >"$tmp/se
 	fail "smc rdma selftest failed"
 fi
 cat "$tmp/selftest.log"
-sleep 0.5
+sleep 1
 kill -INT "$tcpdump_pid"
 wait "$tcpdump_pid" 2>/dev/null
 tcpdump_pid=
