@@ -50,8 +50,8 @@ ip -n "$a" link add va type veth peer name vb netns "$b" || skip "cannot create 
 ip -n "$a" addr add 10.45.0.1/24 dev va
 ip -n "$b" addr add 10.45.0.2/24 dev vb
 for n in "$a" "$b"; do ip -n "$n" link set lo up; done
-ip -n "$a" link set va up
-ip -n "$b" link set vb up
+ip -n "$a" link set va mtu "${ROCE_NETEM_MTU:-1500}" up
+ip -n "$b" link set vb mtu "${ROCE_NETEM_MTU:-1500}" up
 
 impair=
 if tc -n "$a" qdisc add dev va root netem loss 5% reorder 25% 50% duplicate 1% delay 1ms 2>"$tmp/netem.err" &&
@@ -80,7 +80,7 @@ else
 		NFT
 		tc -n "$n" qdisc add dev "$dev" root handle 1: htb default 10 &&
 			tc -n "$n" class add dev "$dev" parent 1: classid 1:10 htb rate 10gbit quantum 200000 &&
-			tc -n "$n" class add dev "$dev" parent 1: classid 1:20 htb rate 8mbit ceil 8mbit burst 2k cburst 2k quantum 1514 &&
+			tc -n "$n" class add dev "$dev" parent 1: classid 1:20 htb rate 200mbit ceil 200mbit burst 2k cburst 2k quantum 1514 &&
 			tc -n "$n" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
 				match ip protocol 17 0xff match ip dport 4791 0xffff \
 				match u32 0x00000007 0x0000001f at 36 flowid 1:20 ||

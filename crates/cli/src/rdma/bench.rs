@@ -166,10 +166,13 @@ fn tcp_stream(size: usize, dur: Duration) -> Result<f64, RdmaError> {
 /// Mean round-trip time of SEND/RECV ping-pongs of `size` bytes between `a` and `b`. Every
 /// message is a SEND with immediate data: 0 while running, 1 on the last ping, after which
 /// the ponging thread answers once more and returns `b`.
+/// Receives are posted with room for `recv_len` bytes at offset `recv_len`, so that those
+/// left posted after one size still fit the messages of the next.
 fn rdma_pingpong(
     a: &Endpoint,
     b: Endpoint,
     size: usize,
+    recv_len: usize,
     dur: Duration,
 ) -> Result<(Duration, Endpoint), RdmaError> {
     fn post_recv(ep: &Endpoint, size: usize) -> Result<(), RdmaError> {
@@ -191,14 +194,14 @@ fn rdma_pingpong(
         Ok(())
     }
     for _ in 0..4 {
-        post_recv(a, size)?;
-        post_recv(&b, size)?;
+        post_recv(a, recv_len)?;
+        post_recv(&b, recv_len)?;
     }
     let pong = thread::spawn(move || -> Result<Endpoint, RdmaError> {
         loop {
             let deadline = Instant::now() + Duration::from_secs(30);
             let wc = wait_one(&b.recv_cq, deadline, "ping")?;
-            post_recv(&b, size)?;
+            post_recv(&b, recv_len)?;
             send(&b, size, 0)?;
             wait_one(&b.send_cq, deadline, "pong send completion")?;
             if wc.imm_data == Some(1) {
@@ -211,7 +214,7 @@ fn rdma_pingpong(
         send(a, size, imm)?;
         wait_one(&a.send_cq, deadline, "ping send completion")?;
         wait_one(&a.recv_cq, deadline, "pong")?;
-        post_recv(a, size)
+        post_recv(a, recv_len)
     };
     let measure = || -> Result<Duration, RdmaError> {
         for _ in 0..50 {
@@ -348,8 +351,9 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         "size", "softroce us", "TCP us", "ratio"
     );
     let mut lat = Vec::new();
+    let recv_len = args.lat_sizes.iter().copied().max().unwrap_or(64);
     for &size in &args.lat_sizes {
-        let (r, back) = rdma_pingpong(&a, b, size, dur)?;
+        let (r, back) = rdma_pingpong(&a, b, size, recv_len, dur)?;
         b = back;
         let t = tcp_pingpong(size, dur)?;
         let ratio = r.as_secs_f64() / t.as_secs_f64();
