@@ -29,7 +29,7 @@ pub(crate) const SLOT: usize = 4096 + 128;
 /// Packets per sendmmsg/recvmmsg call.
 pub(crate) const BATCH: usize = 32;
 /// Longest the engine sleeps when nothing is scheduled.
-const IDLE_WAIT: Duration = Duration::from_millis(100);
+const IDLE_WAIT: Duration = Duration::from_millis(20);
 
 thread_local! {
     /// Per-thread transmit batch (allocated once per thread).
@@ -241,14 +241,26 @@ impl DevShared {
         };
     }
 
-    /// Wakes the engine if a new deadline (or work) comes before its own
-    /// planned wake-up. Called from application threads.
+    /// Wakes the engine if a new timer deadline (or work) needs it before
+    /// its own planned wake-up. Called after every QP operation, so it must
+    /// rarely cost a wake-up: a timer may fire up to its own duration late
+    /// (IBA timers are minimums), which spares the engine one wake-up per
+    /// posted message.
     pub(crate) fn wake_if_later(&self, deadline_ns: u64, work: bool) {
         if on_engine_thread() {
             return;
         }
         let planned = self.engine_wake_ns.load(Ordering::Acquire);
-        if work || (deadline_ns != 0 && deadline_ns < planned) {
+        if work {
+            self.wake();
+            return;
+        }
+        if deadline_ns == 0 || planned == 0 {
+            return; // no timer, or the engine is awake and will look
+        }
+        let now = self.ns_since_epoch(Instant::now());
+        let slack = deadline_ns.saturating_sub(now);
+        if planned > deadline_ns.saturating_add(slack) {
             self.wake();
         }
     }
