@@ -18,6 +18,7 @@ BIN=${BIN:-target/release}
 WRITE=${ROCE_NETEM_WRITE:-256M}
 SEND=${ROCE_NETEM_SEND:-64M}
 LIMIT=${ROCE_NETEM_TIMEOUT:-240}
+ACKTO=${ROCE_NETEM_ACK_TIMEOUT:-10}
 skip() {
 	echo "SKIP roce-netem: $*"
 	exit 77
@@ -92,11 +93,11 @@ else
 fi
 
 t0=$(date +%s)
-ip netns exec "$b" timeout "$LIMIT" "$smc" rdma transfer --listen 10.45.0.2:18600 --timeout "$LIMIT" >"$tmp/server.log" 2>&1 &
+ip netns exec "$b" timeout "$LIMIT" "$smc" rdma transfer --listen 10.45.0.2:18600 --timeout "$LIMIT" --ack-timeout "$ACKTO" >"$tmp/server.log" 2>&1 &
 spid=$!
 pids+=("$spid")
 ip netns exec "$a" timeout "$LIMIT" "$smc" rdma transfer --connect 10.45.0.2:18600 \
-	--write-bytes "$WRITE" --send-bytes "$SEND" --timeout "$LIMIT" >"$tmp/client.log" 2>&1
+	--write-bytes "$WRITE" --send-bytes "$SEND" --timeout "$LIMIT" --ack-timeout "$ACKTO" >"$tmp/client.log" 2>&1
 crc=$?
 wait "$spid"
 src=$?

@@ -107,6 +107,19 @@ impl Endpoint {
         mtu: Mtu,
         rd_atomic: u8,
     ) -> Result<(), RdmaError> {
+        self.connect_full(remote, my_psn, mtu, rd_atomic, 14)
+    }
+
+    /// As [`Endpoint::connect_with`] with the local ACK timeout `ack_timeout` (IBA encoding:
+    /// 4.096 µs × 2^ack_timeout).
+    pub fn connect_full(
+        &self,
+        remote: &RemoteQp,
+        my_psn: u32,
+        mtu: Mtu,
+        rd_atomic: u8,
+        ack_timeout: u8,
+    ) -> Result<(), RdmaError> {
         if remote.gid.is_zero() {
             return Err(RdmaError::Protocol(
                 "the peer sent an all-zero GID: RoCEv2 needs one (give ibv_rc_pingpong -g)".into(),
@@ -122,7 +135,7 @@ impl Endpoint {
         })?;
         self.qp.modify_to_rts(&RtsAttr {
             sq_psn: my_psn,
-            timeout: 14,
+            timeout: ack_timeout,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: rd_atomic,

@@ -56,6 +56,10 @@ pub struct Args {
     /// Path MTU.
     #[arg(long, default_value_t = 1024)]
     pub mtu: usize,
+    /// Local ACK timeout, IBA encoding (4.096 µs × 2^N; 14 ≈ 67 ms as ibv_rc_pingpong,
+    /// 10 ≈ 4 ms suits a direct link).
+    #[arg(long = "ack-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub ack_timeout: u8,
     /// Give up after this many seconds in total.
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
@@ -274,7 +278,7 @@ fn client(args: &Args, addr: SocketAddr, timeout: Duration) -> Result<(), RdmaEr
     };
     let rkey = hex(&f, 4, "rkey")? as u32;
     let raddr = hex(&f, 5, "address")?;
-    ep.connect(&remote, psn, mtu)?;
+    ep.connect_full(&remote, psn, mtu, 1, args.ack_timeout)?;
     println!(
         "transfer: {} -> {}: {} bytes by RDMA WRITE ({} per WRITE), {} bytes by SEND ({} per SEND), {} slots",
         ep.gid(),
@@ -417,7 +421,7 @@ fn server(args: &Args, listen: SocketAddr, timeout: Duration) -> Result<(), Rdma
         post_recv(j)?;
     }
     let psn = random_psn();
-    ep.connect(&remote, psn, mtu)?;
+    ep.connect_full(&remote, psn, mtu, 1, args.ack_timeout)?;
     writeln!(
         w,
         "XFER1 {:x} {:x} {} {:x} {:x}",
