@@ -6,7 +6,9 @@
 # through tests/system/helpers/roce-rxe-peer.sh (smc rdma pingpong / smc rdma write-test). Data is
 # verified on our side (see `smc rdma pingpong --help`, `smc rdma write-test --help`) and by
 # ibv_rc_pingpong -c in the VM; the harness checks every tool's exit status, every RoCEv2
-# ICRC in the capture of the bridge, and the VM's kernel log.
+# ICRC in the capture of the bridge, and the VM's kernel log. ib_write_bw checks no data and
+# its QP refuses RDMA READ, so for write_bw the last WRITE message in the capture must equal
+# what we sent (client) / what arrived in our memory (server) (helpers/write_payload.py).
 # Exit 0 pass, 77 skip (with the reason), anything else fail.
 #
 # Cost: under TCG (no usable KVM) one harness run takes ~25-40 s here, so both runs fit the
@@ -41,6 +43,18 @@ for mode in verbs-server verbs-client; do
 	echo "-- $mode ($tools, $iters iterations): run.sh exit $rc in $(($(date +%s) - t0)) s"
 	grep -E '^(FAIL|WARN|VERDICT)|ICRC|timings:' "$log" | head -n 20
 	grep -ahE 'data verified|write-test:|mismatch|error' "$out/peer/peer.log" 2>/dev/null | head -n 10
+	# RDMA WRITE data: ib_write_bw verifies nothing and its QP refuses RDMA READ, so the
+	# last WRITE message on the wire must equal what we sent (our client) or what landed in
+	# our memory (our server: rxe's bytes placed by softroce).
+	if [ $rc = 0 ] && [[ ,$tools, == *,write_bw,* ]]; then
+		if [ $mode = verbs-server ]; then
+			wp="10.44.0.3 10.44.0.1 $out/peer/write_bw-client.bin"
+		else
+			wp="10.44.0.2 10.44.0.3 $out/peer/write_bw-server.bin"
+		fi
+		# shellcheck disable=SC2086
+		python3 tests/system/helpers/write_payload.py "$out/capture.pcap" $wp || rc=1
+	fi
 	case $rc in
 	0) rm -rf "$out" "$log" ;;
 	4)

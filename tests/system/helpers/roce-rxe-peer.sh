@@ -17,9 +17,13 @@ pingpong:server)
 	exec "$smc" rdma pingpong --bind "$KPEER_LOCAL_IP" -p "$port" -n "$iters" -s "$size" \
 		--reply fresh --timeout 60 ;;
 write_bw:client)
-	exec "$smc" rdma write-test "$KPEER_PEER_IP" -p "$port" -n "$iters" -s "$size" --timeout 60 ;;
+	# ib_write_bw's QP refuses RDMA READ, so no read-back: the last message is dumped and
+	# compared with the capture by roce-rxe-interop.sh.
+	exec "$smc" rdma write-test "$KPEER_PEER_IP" -p "$port" -n "$iters" -s "$size" --timeout 60 \
+		--dump "$KPEER_LOGDIR/write_bw-client.bin" ;;
 write_bw:server)
-	exec "$smc" rdma write-test --bind "$KPEER_LOCAL_IP" -p "$port" -n "$iters" -s "$size" --timeout 60 ;;
+	exec "$smc" rdma write-test --bind "$KPEER_LOCAL_IP" -p "$port" -n "$iters" -s "$size" --timeout 60 \
+		--dump "$KPEER_LOGDIR/write_bw-server.bin" ;;
 *)
 	echo "roce-rxe-peer: no tool of ours for $tool as $role" >&2
 	exit 2 ;;
