@@ -170,6 +170,28 @@ pub fn wait_one(cq: &Cq, deadline: Instant, what: &str) -> Result<WorkCompletion
     Ok(wc)
 }
 
+/// As [`wait_one`], polling in a loop (yielding the CPU between polls) instead of sleeping on
+/// the CQ's event fd: lower latency, one core busy.
+pub fn spin_one(cq: &Cq, deadline: Instant, what: &str) -> Result<WorkCompletion, RdmaError> {
+    let mut one = [WorkCompletion::default()];
+    loop {
+        if cq.poll(&mut one) == 1 {
+            if one[0].status != WcStatus::Success {
+                return Err(RdmaError::Completion {
+                    what: what.to_string(),
+                    status: one[0].status,
+                    wr_id: one[0].wr_id,
+                });
+            }
+            return Ok(one[0]);
+        }
+        if Instant::now() >= deadline {
+            return Err(RdmaError::Timeout(what.to_string()));
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Waits for one completion on `cq` until `deadline`, whatever its status.
 pub fn wait_any(cq: &Cq, deadline: Instant, what: &str) -> Result<WorkCompletion, RdmaError> {
     let mut one = [WorkCompletion::default()];
