@@ -11,7 +11,7 @@
 //! first and the server answers with a block of the same size (see [`PerftestKey`]).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use smc_verbs::Gid;
@@ -175,12 +175,29 @@ impl PerftestKey {
     }
 }
 
-/// Connects to `addr`, retrying refused connections until `timeout` (the peer's tool may
-/// not listen yet).
-pub fn connect_retry(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, RdmaError> {
+/// Connects to `addr` from `local` (any address if `None`; the RDMA device binds to the
+/// connection's local address), retrying refused connections until `timeout` (the peer's
+/// tool may not listen yet).
+pub fn connect_retry(
+    addr: SocketAddr,
+    local: Option<IpAddr>,
+    timeout: Duration,
+) -> Result<TcpStream, RdmaError> {
     let deadline = Instant::now() + timeout;
+    let connect = || -> std::io::Result<TcpStream> {
+        let sock = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        if let Some(ip) = local {
+            sock.bind(&SocketAddr::new(ip, 0).into())?;
+        }
+        sock.connect_timeout(&addr.into(), Duration::from_secs(5))?;
+        Ok(sock.into())
+    };
     loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+        match connect() {
             Ok(s) => {
                 s.set_nodelay(true)?;
                 return Ok(s);

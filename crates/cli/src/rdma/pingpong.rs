@@ -62,6 +62,9 @@ pub struct Args {
     /// Receives kept posted.
     #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
     pub rx_depth: u32,
+    /// Client: local address to connect from (the RDMA device binds to it).
+    #[arg(long)]
+    pub local: Option<IpAddr>,
     /// Server: local address to listen on (the RDMA device binds to the address the client
     /// connected to).
     #[arg(long, default_value = "0.0.0.0")]
@@ -106,7 +109,7 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
     let out = match &args.server {
         Some(host) => {
             let addr = resolve(host, args.port)?;
-            let stream = oob::connect_retry(addr, timeout)?;
+            let stream = oob::connect_retry(addr, args.local, timeout)?;
             client(args, mtu, stream, timeout)?
         }
         None => {

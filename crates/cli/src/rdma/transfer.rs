@@ -38,6 +38,9 @@ pub struct Args {
     /// Client: the server's TCP address.
     #[arg(long)]
     pub connect: Option<SocketAddr>,
+    /// Client: local address to connect from (the RDMA device binds to it).
+    #[arg(long)]
+    pub local: Option<IpAddr>,
     /// Client: bytes to move with RDMA WRITE (suffixes K, M, G).
     #[arg(long = "write-bytes", default_value = "256M", value_parser = parse_size)]
     pub write_bytes: u64,
@@ -231,7 +234,7 @@ fn client(args: &Args, addr: SocketAddr, timeout: Duration) -> Result<(), RdmaEr
     let mtu = mtu_from_bytes(args.mtu)?;
     let start = Instant::now();
     let deadline = start + timeout;
-    let stream = oob::connect_retry(addr, timeout)?;
+    let stream = oob::connect_retry(addr, args.local, timeout)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut w = stream;
     let ring = plan.slot as usize * plan.slots as usize;

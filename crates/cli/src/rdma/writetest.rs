@@ -53,6 +53,9 @@ pub struct Args {
     /// Path MTU.
     #[arg(short = 'm', long, default_value_t = 1024)]
     pub mtu: usize,
+    /// Client: local address to connect from (the RDMA device binds to it).
+    #[arg(long)]
+    pub local: Option<IpAddr>,
     /// Server: local address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: IpAddr,
@@ -105,7 +108,7 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
                 std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), args.port))?
                     .next()
                     .ok_or_else(|| RdmaError::Usage(format!("cannot resolve {host}")))?;
-            (oob::connect_retry(addr, timeout)?, true)
+            (oob::connect_retry(addr, args.local, timeout)?, true)
         }
         None => {
             let l = TcpListener::bind(SocketAddr::new(args.bind, args.port))?;
