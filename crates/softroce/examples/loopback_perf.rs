@@ -86,7 +86,7 @@ fn main() {
         b.pd.reg_mr(&dst, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
             .unwrap();
     // Throughput: keep 16 writes in flight.
-    let total = 2000usize;
+    let total = 5000usize;
     let t0 = Instant::now();
     let mut posted = 0;
     let mut done = 0;
@@ -109,6 +109,15 @@ fn main() {
     }
     let el = t0.elapsed();
     let gbps = (total * size) as f64 * 8.0 / el.as_secs_f64() / 1e9;
+    if std::env::var_os("WRITE_ONLY").is_some() {
+        println!("RDMA WRITE 64 KiB: {gbps:.2} Gbit/s");
+        println!(
+            "A {:?}\nB {:?}",
+            smc_softroce::stats(&da),
+            smc_softroce::stats(&db)
+        );
+        return;
+    }
     // Ping-pong with 64-byte inline SENDs, blocking on the CQ event fd.
     let rbuf = RdmaBuffer::new(4096).unwrap();
     let ra = a.pd.reg_mr(&rbuf, AccessFlags::LOCAL_WRITE).unwrap();

@@ -754,7 +754,7 @@ impl QpInner {
         let mut bth = BthRepr {
             opcode: Opcode::SendOnly,
             se: last && w.solicited,
-            mig_req: true,
+            mig_req: false, // rxe sends 0 (no APM)
             pad_count: 0,
             pkey: 0xffff,
             resv8a: 0,

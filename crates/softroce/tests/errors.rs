@@ -540,3 +540,65 @@ fn completion_handler_and_event_fd() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[test]
+fn cq_overflow_moves_the_qp_to_err() {
+    let o = Opts::default();
+    let da = device(37, 1, &Config::default());
+    let db = device(37, 2, &Config::default());
+    let mut a = side(&da, &o, 0);
+    let b = side(&db, &o, 0);
+    // Replace A's QP with one whose send CQ holds 2 completions.
+    let small = da.create_cq(2).unwrap();
+    a.qp =
+        a.pd.create_qp(&QpInitAttr {
+            send_cq: small.clone(),
+            recv_cq: a.rcq.clone(),
+            cap: o.cap,
+            sq_sig_all: true,
+        })
+        .unwrap();
+    a.qp.modify_to_init(&InitAttr::default()).unwrap();
+    connect(&a, &b, &o);
+    for _ in 0..4 {
+        b.qp.post_recv(&RecvWr {
+            wr_id: 0,
+            sg_list: &[],
+        })
+        .unwrap();
+    }
+    for i in 0..4 {
+        a.qp.post_send(&SendWr {
+            wr_id: i,
+            op: SendOp::Send,
+            sg_list: &[],
+            flags: SendFlags::empty(),
+        })
+        .unwrap();
+    }
+    let deadline = std::time::Instant::now() + T;
+    while !small.0.overflowed() || a.qp.state() != QpState::Err {
+        assert!(std::time::Instant::now() < deadline, "no overflow");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(small.pending(), 2);
+}
+
+#[test]
+fn provider_returns_one_device_per_address() {
+    use smc_softroce::SoftRoce;
+    let p = SoftRoce::new(Config::default());
+    let ip = addr(38, 1);
+    let d1 = p.device_for(ip).unwrap();
+    let d2 = p.device_for(ip).unwrap();
+    assert_eq!(d1.name(), d2.name());
+    assert_eq!(p.name(), "softroce");
+    assert_eq!(p.devices().len(), 1);
+    assert_eq!(d1.gid(), Gid::from_ip(ip));
+    assert_eq!(d1.attr().local_addr, ip);
+    assert_eq!(d1.attr().active_mtu, Mtu::Mtu4096); // loopback
+    assert_eq!(d1.attr().mac.0[0] & 0x02, 0x02); // locally administered
+    assert!(d1.is_active());
+    // A second bind of the same address fails cleanly.
+    assert!(smc_softroce::open_device(ip, &Config::default()).is_err());
+}
