@@ -48,9 +48,10 @@ for mode in verbs-server verbs-client; do
 	# our memory (our server: rxe's bytes placed by softroce).
 	if [ $rc = 0 ] && [[ ,$tools, == *,write_bw,* ]]; then
 		if [ $mode = verbs-server ]; then
-			wp="10.44.0.3 10.44.0.1 $out/peer/write_bw-client.bin"
+			# 0x57420000: the pattern seed of `smc rdma write-test` (writetest.rs SEED)
+			wp="10.44.0.3 10.44.0.1 $out/peer/write_bw-client.bin --count $iters --pattern 0x57420000"
 		else
-			wp="10.44.0.2 10.44.0.3 $out/peer/write_bw-server.bin"
+			wp="10.44.0.2 10.44.0.3 $out/peer/write_bw-server.bin --count $iters"
 		fi
 		# shellcheck disable=SC2086
 		python3 tests/system/helpers/write_payload.py "$out/capture.pcap" $wp || rc=1
