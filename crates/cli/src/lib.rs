@@ -5,8 +5,11 @@
 //! - [`capture`], [`extract`], [`roce`]: reading captures, finding the TCP option, CLC
 //!   messages in TCP streams and LLC/CDC messages in RoCEv2 SENDs (used by `decode` and by
 //!   the golden-vector tests).
+//! - [`rdma`]: `smc rdma ...`, tools around the software RoCEv2 RNIC (ibv_rc_pingpong and
+//!   ib_write_bw interop, loopback benchmark against TCP, opcode self-test, bulk transfer).
 
 pub mod capture;
 pub mod decode;
 pub mod extract;
+pub mod rdma;
 pub mod roce;

@@ -20,6 +20,10 @@ enum Command {
     /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
     #[command(subcommand)]
     Bpf(smc_bpf::cli::BpfCommand),
+    /// RDMA tools on the software RoCEv2 RNIC: interop with rdma-core/perftest, benchmark,
+    /// self-test, bulk transfer.
+    #[command(subcommand)]
+    Rdma(smc_cli::rdma::RdmaCommand),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
         .init();
     match Cli::parse().command {
         Command::Decode(args) => smc_cli::decode::command(&args),
+        Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();
             match smc_bpf::cli::run(cmd) {
