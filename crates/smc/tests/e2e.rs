@@ -1,4 +1,4 @@
-//! SMC-R end to end between two stacks in one process (127.0.0.1 ↔ 127.0.0.2 over the
+//! SMC-R end to end between two stacks in one process (two loopback addresses over the
 //! software RNIC): first and subsequent contact, data both ways, close.
 
 mod common;
@@ -196,8 +196,8 @@ fn one_stack_talks_to_itself() {
     // client role) on the same device, like `SmcListener::bind` + `SmcStream::connect`
     // with Stack::global() in one program.
     init_tracing();
-    let st = smc::Stack::new(config("127.0.0.5", "127.0.0.5")).unwrap();
-    let l = smc::SmcListener::bind_with(&st, ("127.0.0.5", 0)).unwrap();
+    let st = smc::Stack::new(config(&ip(5), &ip(5))).unwrap();
+    let l = smc::SmcListener::bind_with(&st, (ip(5).as_str(), 0)).unwrap();
     let addr = l.local_addr().unwrap();
     echo_server(l);
     let m = echo_once(&st, addr, 5, 200_000);

@@ -53,9 +53,9 @@ fn read_clc(s: &mut TcpStream) -> Vec<u8> {
     m
 }
 
-/// A scripted server on 127.0.0.2 running `f` on each accepted raw socket.
+/// A scripted server on the server address running `f` on each accepted raw socket.
 fn scripted_server(f: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr {
-    let l = TcpListener::bind((SERVER_IP, 0)).unwrap();
+    let l = TcpListener::bind((server_ip().as_str(), 0)).unwrap();
     let a = l.local_addr().unwrap();
     thread::spawn(move || {
         if let Some(Ok(s)) = l.incoming().next() {
@@ -67,7 +67,7 @@ fn scripted_server(f: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr 
 
 fn client_only(f: impl FnOnce(&mut smc::StackConfig)) -> smc::Stack {
     init_tracing();
-    let mut c = config(CLIENT_IP, SERVER_IP);
+    let mut c = config(&client_ip(), &server_ip());
     f(&mut c);
     smc::Stack::new(c).unwrap()
 }
@@ -75,8 +75,8 @@ fn client_only(f: impl FnOnce(&mut smc::StackConfig)) -> smc::Stack {
 #[test]
 fn fallback_to_a_plain_tcp_server() {
     let cli = client_only(|_| {});
-    // 127.0.0.3 is not in the client's override list and no TCP option is seen.
-    let addr = plain_echo_server("127.0.0.3");
+    // ip(3) is not in the client's override list and no TCP option is seen.
+    let addr = plain_echo_server(&ip(3));
     let s = SmcStream::connect_with(&cli, addr).unwrap();
     let Mode::Fallback { reason } = s.mode() else {
         panic!("expected fallback, got {}", s.mode())
@@ -190,7 +190,7 @@ fn server_resets_a_client_that_sends_garbage_or_nothing() {
         let sock =
             socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.bind(
-            &format!("{CLIENT_IP}:0")
+            &format!("{}:0", client_ip())
                 .parse::<SocketAddr>()
                 .unwrap()
                 .into(),
