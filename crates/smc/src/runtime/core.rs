@@ -1922,6 +1922,7 @@ impl Core {
             cond: Condvar::new(),
             bytes_sent: Default::default(),
             bytes_received: Default::default(),
+            wake_seq: Default::default(),
             stack: Arc::downgrade(inner),
             self_ref: me.clone(),
         });
