@@ -468,6 +468,9 @@ impl ConnectSlot {
     }
 }
 
+/// Finished connections a listener keeps for `accept()` at most.
+const MAX_ACCEPT_QUEUE: usize = 4096;
+
 /// A listener's accepted, finished rendezvous.
 pub(crate) struct ListenerShared {
     pub id: u64,
@@ -483,6 +486,18 @@ pub(crate) struct ListenerShared {
 impl ListenerShared {
     pub(crate) fn push(&self, e: Established, peer: SocketAddr) {
         if let Ok(mut q) = self.queue.lock() {
+            // Like a full TCP backlog: an application that does not accept does not
+            // get to pin unbounded memory; the connection is closed.
+            if q.len() >= MAX_ACCEPT_QUEUE {
+                debug!(%peer, "accept queue full; connection dropped");
+                if let Established::Smc(c) = e {
+                    let mut st = c.lock();
+                    st.conn.close(Instant::now());
+                    st.released = true;
+                    c.drive(&mut st, Instant::now());
+                }
+                return;
+            }
             q.push_back((e, peer));
         }
         self.cond.notify_all();
