@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # System test: the software RoCEv2 RNIC over a lossy, reordering, duplicating link (issue 3,
 # "Faults"). Two network namespaces joined by a veth pair; on both veth ends
-#   - tc netem: loss 5%, reorder 25% (with 1 ms delay), duplicate 1%, when the kernel has
+#   - tc netem: loss 5%, reorder 3% (with 1 ms delay), duplicate 1%, when the kernel has
 #     sch_netem;
 #   - otherwise an equivalent built from what this kernel has: nftables `numgen random`
 #     drops 5% and `dup to` duplicates 1% of the RoCEv2 packets (both directions, requests
@@ -55,10 +55,10 @@ ip -n "$a" link set va mtu "${ROCE_NETEM_MTU:-1500}" up
 ip -n "$b" link set vb mtu "${ROCE_NETEM_MTU:-1500}" up
 
 impair=
-if tc -n "$a" qdisc add dev va root netem loss 5% reorder 25% 50% duplicate 1% delay 1ms 2>"$tmp/netem.err" &&
-	tc -n "$b" qdisc add dev vb root netem loss 5% reorder 25% 50% duplicate 1% delay 1ms 2>>"$tmp/netem.err"; then
+if tc -n "$a" qdisc add dev va root netem loss 5% reorder 3% 50% duplicate 1% delay 1ms 2>"$tmp/netem.err" &&
+	tc -n "$b" qdisc add dev vb root netem loss 5% reorder 3% 50% duplicate 1% delay 1ms 2>>"$tmp/netem.err"; then
 	impair=netem
-	echo "roce-netem: impairment: tc netem loss 5% reorder 25% 50% duplicate 1% delay 1ms on both veth ends"
+	echo "roce-netem: impairment: tc netem loss 5% reorder 3% 50% duplicate 1% delay 1ms on both veth ends"
 else
 	echo "roce-netem: tc netem is not available here ($(head -c 200 "$tmp/netem.err" | tr '\n' ' '))"
 	command -v nft >/dev/null || skip "neither sch_netem nor nftables (nft) is available"
