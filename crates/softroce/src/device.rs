@@ -725,13 +725,16 @@ fn engine(dev: Arc<DevShared>) {
             cq.run_handler();
         }
         // Sleep until a packet, a wake-up or the next deadline.
-        let timeout_ms = if busy {
+        let timeout_ns = if busy {
             0
         } else {
             let now_ns = dev.ns_since_epoch(Instant::now());
-            (next_ns.saturating_sub(now_ns))
-                .div_ceil(1_000_000)
-                .min(i32::MAX as u64) as i32
+            next_ns.saturating_sub(now_ns)
+        };
+        // Microsecond-precision sleep (delayed ACKs, short RNR timers).
+        let ts = libc::timespec {
+            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
         };
         dev.engine_wake_ns
             .store(if busy { 0 } else { next_ns }, Ordering::Release);
@@ -747,8 +750,8 @@ fn engine(dev: Arc<DevShared>) {
                 revents: 0,
             },
         ];
-        // SAFETY: two valid pollfds for the duration of the call.
-        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout_ms) };
+        // SAFETY: two valid pollfds and a timespec for the duration of the call.
+        let r = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, &ts, std::ptr::null()) };
         dev.engine_wake_ns.store(0, Ordering::Release);
         if r < 0 {
             continue;
@@ -890,7 +893,17 @@ fn icrc_ok(dev: &DevShared, src: IpAddr, sport: u16, pkt: &[u8]) -> bool {
                         .fetch_add(1, Ordering::Relaxed);
                     true
                 }
-                None => false,
+                // RoCE senders set DF, but the flags are covered unmasked:
+                // accept a sender that does not.
+                None => {
+                    let no_df = IpInfo::V4 {
+                        src: s,
+                        dst: d,
+                        id: 0,
+                        flags_frag: 0,
+                    };
+                    icrc::recover_ipv4_id(&no_df, sport, dev.local_port, pkt).is_some()
+                }
             }
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {

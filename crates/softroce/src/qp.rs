@@ -1111,8 +1111,10 @@ impl QpInner {
         let off = k as usize * self.mtu;
         let len = (w.len as usize).saturating_sub(off).min(self.mtu);
         if p.repr.bth.opcode != want || p.payload_len != len {
-            tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response ignored");
-            return;
+            // The expected response, but with the wrong opcode or length:
+            // the responder is broken (IBA "bad response").
+            tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response");
+            return self.fail_front(ctx, WcStatus::BadRespErr);
         }
         scatter(&w.segs, off, &pkt[p.payload_off..p.payload_off + len]);
         self.sq[0].read_got += 1;
@@ -1141,6 +1143,13 @@ impl QpInner {
         }
         match syn {
             Syndrome::NakPsnSeqError => {
+                if self.rnr_until.is_some() || self.last_rewind == Some(psn) {
+                    // Packets that followed an RNR-NAKed one (the RNR wait
+                    // already rewound), or a duplicate of a NAK we acted on
+                    // without progress since.
+                    return;
+                }
+                self.last_rewind = Some(psn);
                 // RTY-4: retransmit from the NAK'd PSN without using a retry.
                 self.cwnd = (self.cwnd / 2).max(MIN_WINDOW);
                 self.rewind(psn);

@@ -122,8 +122,11 @@ fn setup(net: u8) -> (Side, Peer) {
         min_rnr_timer: 3,
     })
     .unwrap();
+    // A long ACK timeout (268 ms) so no retransmission interleaves with
+    // the script.
     s.qp.modify_to_rts(&RtsAttr {
         sq_psn: 500,
+        timeout: 16,
         ..o.rts
     })
     .unwrap();
@@ -315,4 +318,114 @@ fn read_and_atomic_duplicates_are_replayed() {
         12
     );
     peer.silence();
+}
+
+/// Our QP as requester against the scripted peer as responder.
+fn data_packets(peer: &Peer, n: usize) -> Vec<(PacketRepr, Vec<u8>)> {
+    (0..n).map(|_| peer.expect()).collect()
+}
+
+fn ack(peer: &Peer, psn: u32, syndrome: Syndrome, msn: u32) -> PacketRepr {
+    let mut r = peer.req(Opcode::Acknowledge, psn, false);
+    r.aeth = Some(AethRepr { syndrome, msn });
+    r
+}
+
+#[test]
+fn requester_go_back_n_rnr_and_completion() {
+    let (s, peer) = setup(83);
+    let src = buf(4096);
+    fill_pattern(&src, 83);
+    let mr = s.pd.reg_mr(&src, AccessFlags::LOCAL_WRITE).unwrap();
+    s.qp.post_send(&SendWr {
+        wr_id: 9,
+        op: SendOp::Send,
+        sg_list: &[mr.sge(0, 3000)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let first = data_packets(&peer, 3);
+    let ops: Vec<_> = first
+        .iter()
+        .map(|(r, _)| (r.bth.opcode, r.bth.psn, r.bth.ack_req))
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::SendFirst, 500, false),
+            (Opcode::SendMiddle, 501, false),
+            (Opcode::SendLast, 502, true)
+        ]
+    );
+    assert_eq!(first[2].1.len(), 3000 - 2048);
+    // NAK PSN sequence error at 501: go back to 501 (RTY-4).
+    peer.send(ack(&peer, 501, Syndrome::NakPsnSeqError, 0), &[]);
+    let again = data_packets(&peer, 2);
+    assert_eq!(
+        (again[0].0.bth.opcode, again[0].0.bth.psn),
+        (Opcode::SendMiddle, 501)
+    );
+    assert_eq!(again[0].1, first[1].1);
+    assert_eq!(
+        (again[1].0.bth.opcode, again[1].0.bth.psn),
+        (Opcode::SendLast, 502)
+    );
+    // RNR NAK at 501 with timer code 14 (1.28 ms): retransmission only after it (RTY-2).
+    let t0 = std::time::Instant::now();
+    peer.send(ack(&peer, 501, Syndrome::RnrNak { timer: 14 }, 0), &[]);
+    let after_rnr = data_packets(&peer, 2);
+    assert!(
+        t0.elapsed() >= Duration::from_micros(1280),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(after_rnr[0].0.bth.psn, 501);
+    no_wc(&s.scq, Duration::from_millis(5));
+    // A stale ACK (before the window) changes nothing; the right one completes.
+    peer.send(ack(&peer, 400, Syndrome::ACK, 0), &[]);
+    no_wc(&s.scq, Duration::from_millis(5));
+    peer.send(ack(&peer, 502, Syndrome::ACK, 1), &[]);
+    let wc = wait_wc(&s.scq, T);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (9, WcStatus::Success, WcOpcode::Send)
+    );
+    peer.silence();
+}
+
+#[test]
+fn malformed_read_response_is_a_bad_response() {
+    let (s, peer) = setup(84);
+    let local = buf(4096);
+    let mr = s.pd.reg_mr(&local, AccessFlags::LOCAL_WRITE).unwrap();
+    s.qp.post_send(&SendWr {
+        wr_id: 3,
+        op: SendOp::RdmaRead {
+            remote_addr: 0xabc000,
+            rkey: 0x42,
+        },
+        sg_list: &[mr.sge(0, 2000)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let (req, _) = peer.expect();
+    assert_eq!(req.bth.opcode, Opcode::ReadRequest);
+    assert_eq!(
+        req.reth,
+        Some(RethRepr {
+            va: 0xabc000,
+            rkey: 0x42,
+            dma_len: 2000
+        })
+    );
+    // First response of the right PSN but a short payload.
+    let mut r = peer.req(Opcode::ReadResponseFirst, req.bth.psn, false);
+    r.aeth = Some(AethRepr {
+        syndrome: Syndrome::ACK,
+        msn: 1,
+    });
+    peer.send(r, &[0u8; 100]);
+    let wc = wait_wc(&s.scq, T);
+    assert_eq!((wc.wr_id, wc.status), (3, WcStatus::BadRespErr));
+    assert_eq!(s.qp.state(), QpState::Err);
 }
