@@ -262,3 +262,58 @@ fn transfer_hashes_agree_on_both_ends() {
         "{ts}\n{tc}"
     );
 }
+
+#[test]
+fn write_test_send_verb_counts_every_message() {
+    let port = free_port("127.77.5.2").to_string();
+    let dir = std::env::temp_dir().join(format!("smc-rdma-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cd, sd) = (dir.join("client.bin"), dir.join("server.bin"));
+    let (s, c) = pair(
+        &[
+            "rdma",
+            "write-test",
+            "--verb",
+            "send",
+            "--bind",
+            "127.77.5.2",
+            "-p",
+            &port,
+            "-n",
+            "30",
+            "-s",
+            "9000",
+            "--timeout",
+            "20",
+            "--dump",
+            sd.to_str().unwrap(),
+        ],
+        &[
+            "rdma",
+            "write-test",
+            "--verb",
+            "send",
+            "127.77.5.2",
+            "--local",
+            "127.77.5.1",
+            "-p",
+            &port,
+            "-n",
+            "30",
+            "-s",
+            "9000",
+            "--timeout",
+            "20",
+            "--dump",
+            cd.to_str().unwrap(),
+        ],
+    );
+    assert!(s.status.success(), "server: {}", text(&s));
+    assert!(c.status.success(), "client: {}", text(&c));
+    assert!(text(&c).contains("30 SENDs of 9000 bytes"), "{}", text(&c));
+    // The server's last received message is the client's last sent one.
+    let (a, b) = (std::fs::read(&cd).unwrap(), std::fs::read(&sd).unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(a.len(), 9000);
+    assert!(a == b, "last SEND differs between client and server");
+}
