@@ -215,3 +215,23 @@ fn one_stack_talks_to_itself() {
     );
     assert_eq!(st.link_groups().len(), 2);
 }
+
+#[test]
+fn ipv6_loopback() {
+    // SMC-Rv1 over IPv6 (the CLC Proposal carries the interface's IPv6 prefixes).
+    init_tracing();
+    let mut cfg = config("::1", "[::1]");
+    cfg.local_addr = Some("::1".parse().unwrap());
+    let st = smc::Stack::new(cfg).unwrap();
+    let l = match smc::SmcListener::bind_with(&st, ("::1", 0)) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skipped: no IPv6 loopback ({e})");
+            return;
+        }
+    };
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    let m = echo_once(&st, addr, 9, 100_000);
+    assert!(matches!(m, smc::Mode::Smc { version: 1, .. }), "{m}");
+}

@@ -306,3 +306,26 @@ fn data_survives_packet_loss_and_reordering() {
     assert_eq!(sh, sent);
     drop(srv);
 }
+
+#[test]
+fn no_common_version_falls_back() {
+    // The server only does SMC-Rv2 (with a UEID), the client only SMC-Rv1: Decline.
+    let (srv, cli) = pair_with(
+        |s| {
+            s.v1 = false;
+            s.ueids
+                .add(smc::clc::Ueid::new("SMC-RS-TEST").unwrap())
+                .unwrap();
+        },
+        |c| c.v2 = false,
+    );
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    let c = SmcStream::connect_with(&cli, addr).unwrap();
+    let Mode::Fallback { reason } = c.mode() else {
+        panic!("expected fallback, got {}", c.mode())
+    };
+    assert!(reason.peer.is_some(), "{reason}");
+    echo_check(&c);
+}
