@@ -6,7 +6,7 @@
 //! machines (LLC), every timer, and watches the idle TCP connection of every SMC-R
 //! connection for its FIN or RST (RFC 7609 §4.8). The data path does not go through
 //! it: application threads post RDMA WRITE + CDC themselves and the provider's
-//! completion thread processes received CDCs (see [`conn`]).
+//! completion thread processes received CDCs (`runtime/conn.rs`).
 
 pub(crate) mod conn;
 mod core;
