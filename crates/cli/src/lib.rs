@@ -6,7 +6,11 @@
 //!   messages in TCP streams and LLC/CDC messages in RoCEv2 SENDs (used by `decode` and by
 //!   the golden-vector tests).
 
+pub mod bench;
 pub mod capture;
 pub mod decode;
 pub mod extract;
+pub mod harness;
+pub mod net;
+pub mod payload;
 pub mod roce;
