@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod capture;
 pub mod decode;
+pub mod endpoint;
 pub mod extract;
 pub mod harness;
 pub mod net;
