@@ -21,6 +21,11 @@ use std::time::Duration;
 pub trait Inspect: Sync {
     /// A multi-line snapshot, each line prefixed for grepping.
     fn snapshot(&self) -> String;
+    /// Waits (at most `limit`) until closed connections are gone, so that a snapshot
+    /// taken next shows the steady state (closing is asynchronous).
+    fn quiesce(&self, limit: Duration) {
+        let _ = limit;
+    }
 }
 
 /// No stack to show (kernel TCP).
@@ -90,8 +95,8 @@ pub struct ConnectArgs {
     /// Fail (exit 1) when a connection is not SMC-R.
     #[arg(long)]
     pub require_smc: bool,
-    /// Print the stack's link groups, connections and counters at the end (and, with
-    /// --concurrent, while all connections are open).
+    /// Print the stack's link groups, connections and counters at the end; also, with
+    /// --concurrent, while all connections are open, and in sequence after the first.
     #[arg(long)]
     pub stats: bool,
     /// Do not print modes and progress to stderr.
@@ -105,11 +110,13 @@ fn note(quiet: bool, msg: impl AsRef<str>) {
     }
 }
 
-fn print_stats(inspect: &dyn Inspect, title: &str) {
+/// Prints one snapshot on stdout between `stats: -- TITLE` and `stats: -- end`.
+pub fn print_stats(inspect: &dyn Inspect, title: &str) {
     let s = inspect.snapshot();
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "stats: -- {title}");
     let _ = out.write_all(s.as_bytes());
+    let _ = writeln!(out, "stats: -- end");
     let _ = out.flush();
 }
 
@@ -157,7 +164,8 @@ fn serve_many<L: Listener>(listener: &L, args: &ListenArgs) -> Result<()> {
             let (failed, out) = (&failed, &out);
             sc.spawn(move || {
                 let r: io::Result<String> = if args.echo {
-                    payload::echo(&s).map(|n| format!("echoed {n} bytes"))
+                    payload::echo(&s)
+                        .map(|m| format!("echoed {} bytes sha256={}", m.bytes, m.hex()))
                 } else {
                     payload::recv_hash(&s)
                         .map(|m| format!("received {} bytes sha256={}", m.bytes, m.hex()))
@@ -268,10 +276,18 @@ pub fn connect<N: Net>(net: &N, args: &ConnectArgs, inspect: &dyn Inspect) -> Re
                 &s,
                 transfer(&s, args.seed.wrapping_add(i as u64), len),
             );
+            drop(s);
+            // A reference point for leak checks: the link group up, no connection;
+            // compared with the state at exit.
+            if i == 0 && args.stats && args.conns > 1 {
+                inspect.quiesce(Duration::from_secs(5));
+                print_stats(inspect, "after connection 1");
+            }
         }
         ok
     };
     if args.stats {
+        inspect.quiesce(Duration::from_secs(5));
         print_stats(inspect, "at exit");
     }
     if !ok {

@@ -9,9 +9,11 @@
 pub mod bench;
 pub mod capture;
 pub mod decode;
+pub mod demo;
 pub mod endpoint;
 pub mod extract;
 pub mod harness;
 pub mod net;
 pub mod payload;
 pub mod roce;
+pub mod signal;

@@ -157,20 +157,27 @@ pub fn recv_hash<S: Stream>(s: &S) -> io::Result<Moved> {
 }
 
 /// Copies everything read back to the same stream until end of stream, then half-closes.
-/// Returns the number of bytes echoed.
-pub fn echo<S: Stream>(s: &S) -> io::Result<u64> {
+/// Returns what was echoed (count and SHA-256: the listener's own check of what arrived).
+pub fn echo<S: Stream>(s: &S) -> io::Result<Moved> {
+    let mut h = Sha256::new();
     let mut buf = vec![0u8; CHUNK];
-    let mut total = 0u64;
+    let mut bytes = 0u64;
+    let start = Instant::now();
     loop {
         let n = read_retry(s, &mut buf)?;
         if n == 0 {
             break;
         }
+        h.update(&buf[..n]);
         write_all(s, &buf[..n])?;
-        total += n as u64;
+        bytes += n as u64;
     }
     s.shutdown(std::net::Shutdown::Write)?;
-    Ok(total)
+    Ok(Moved {
+        bytes,
+        sha256: h.finalize().into(),
+        elapsed: start.elapsed(),
+    })
 }
 
 /// `read` that retries on `Interrupted`.
@@ -292,7 +299,9 @@ mod tests {
             c.shutdown(std::net::Shutdown::Write).unwrap();
             (sent, r.join().unwrap())
         });
-        assert_eq!(server.join().unwrap(), len);
+        let echoed = server.join().unwrap();
+        assert_eq!(echoed.bytes, len);
+        assert_eq!(echoed.sha256, sent.sha256);
         assert_eq!(sent.bytes, len);
         assert_eq!(got.bytes, len);
         assert_eq!(got.sha256, sent.sha256);
