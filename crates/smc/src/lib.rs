@@ -2,7 +2,28 @@
 //! urgent data, termination and TCP fallback, behind a `std::net`-shaped API.
 //!
 //! See `docs/core-design.md` for the module map and the threading model.
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//! use smc::{SmcListener, SmcStream};
+//! let l = SmcListener::bind("127.0.0.1:5000")?;
+//! let mut c = SmcStream::connect("127.0.0.1:5000")?;
+//! let (mut s, _) = l.accept()?;
+//! println!("{}", c.mode()); // "SMC-Rv1 on lgr1 (first contact)" or the fallback reason
+//! c.write_all(b"hi")?;
+//! let mut b = [0u8; 2];
+//! s.read_exact(&mut b)?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
 
+pub mod api;
 pub mod clc;
 pub mod conn;
 pub mod llc;
+pub mod runtime;
+
+#[cfg(feature = "tokio")]
+pub use api::tokio;
+pub use api::{Mode, SmcListener, SmcStream};
+pub use clc::FallbackReason;
+pub use runtime::{ConnInfo, LinkGroupId, LinkGroupInfo, LinkListing, Stack, StackConfig, Stats};

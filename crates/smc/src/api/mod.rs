@@ -1,0 +1,707 @@
+//! The `std::net`-shaped surface: [`SmcListener`], [`SmcStream`] and [`Mode`].
+//!
+//! A stream is SMC-R (the bytes move by RDMA WRITE into the peer's RMB element, RFC
+//! 7609 §4) or, when the rendezvous fell back, the plain TCP connection it started as.
+//! [`SmcStream::mode`] tells which, with the reason in words for a fallback.
+
+#[cfg(feature = "tokio")]
+pub mod tokio;
+
+use std::fmt;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tracing::debug;
+
+use crate::clc::FallbackReason;
+use crate::conn::{ConnError, OobError};
+use crate::runtime::conn::ConnState;
+use crate::runtime::{
+    register_client, register_listener, ConnShared, ConnectSlot, Established, Inbox, Inner,
+    LinkGroupId, ListenerShared, Stack,
+};
+
+/// How a stream carries its data.
+#[derive(Clone, Debug)]
+pub enum Mode {
+    /// SMC-R over RDMA.
+    Smc {
+        /// The link group.
+        link_group: LinkGroupId,
+        /// SMC-R version: 1 or 2.
+        version: u8,
+        /// This connection created the link group.
+        first_contact: bool,
+    },
+    /// Plain TCP.
+    Fallback {
+        /// Why (Display: the reason in words, with the Decline code's text).
+        reason: FallbackReason,
+    },
+}
+
+impl Mode {
+    /// True for SMC-R.
+    pub fn is_smc(&self) -> bool {
+        matches!(self, Mode::Smc { .. })
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Smc {
+                link_group,
+                version,
+                first_contact,
+            } => write!(
+                f,
+                "SMC-Rv{version} on {link_group} ({} contact)",
+                if *first_contact {
+                    "first"
+                } else {
+                    "subsequent"
+                }
+            ),
+            Mode::Fallback { reason } => write!(f, "{reason}"),
+        }
+    }
+}
+
+fn io_err(e: ConnError) -> io::Error {
+    io::Error::new(e.io_kind(), e)
+}
+
+/// The application's reference on an SMC-R connection; the last one closes it.
+pub(crate) struct SmcHandle {
+    pub(crate) conn: Arc<ConnShared>,
+    pub(crate) stack: Arc<Inner>,
+}
+
+impl Drop for SmcHandle {
+    fn drop(&mut self) {
+        let mut st = self.conn.lock();
+        // close(): C after all data is out, or abort with unread data (RFC 7609 §4.8.1).
+        st.conn.close(Instant::now());
+        st.released = true;
+        self.conn.drive(&mut st, Instant::now());
+        drop(st);
+        self.stack.post(Inbox::Released);
+    }
+}
+
+/// How long a blocking call may wait.
+#[derive(Clone, Copy)]
+pub(crate) enum Wait {
+    Never,
+    Until(Option<Instant>),
+}
+
+impl SmcHandle {
+    fn wait<'a>(
+        &'a self,
+        st: MutexGuard<'a, ConnState>,
+        wait: Wait,
+    ) -> io::Result<MutexGuard<'a, ConnState>> {
+        match wait {
+            Wait::Never => Err(ErrorKind::WouldBlock.into()),
+            Wait::Until(None) => Ok(self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner())),
+            Wait::Until(Some(d)) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
+                }
+                let (g, _) = self
+                    .conn
+                    .cond
+                    .wait_timeout(st, d - now)
+                    .unwrap_or_else(|p| p.into_inner());
+                Ok(g)
+            }
+        }
+    }
+
+    fn read_wait(&self, st: &ConnState) -> Wait {
+        if st.nonblocking {
+            Wait::Never
+        } else {
+            Wait::Until(st.read_timeout.map(|t| Instant::now() + t))
+        }
+    }
+
+    fn write_wait(&self, st: &ConnState) -> Wait {
+        if st.nonblocking {
+            Wait::Never
+        } else {
+            Wait::Until(st.write_timeout.map(|t| Instant::now() + t))
+        }
+    }
+
+    /// One read: copy what is in our RMB element (RFC 7609 §4.4), consume it.
+    pub(crate) fn read(&self, buf: &mut [u8], wait: Option<Wait>) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut st = self.conn.lock();
+        let wait = wait.unwrap_or_else(|| self.read_wait(&st));
+        loop {
+            let regions = st.conn.rx_available();
+            if !regions.is_empty() {
+                let mut n = 0usize;
+                for r in regions.as_slice() {
+                    let take = (r.len as usize).min(buf.len() - n);
+                    if take == 0 {
+                        break;
+                    }
+                    self.conn.rmb.read(r.off as usize, &mut buf[n..n + take]);
+                    n += take;
+                }
+                st.conn.rx_consume(n as u32).map_err(io_err)?;
+                self.conn.drive(&mut st, Instant::now());
+                return Ok(n);
+            }
+            if st.conn.rx_eof() {
+                return Ok(0);
+            }
+            if let Some(e) = st.conn.error() {
+                return Err(io_err(e));
+            }
+            st = self.wait(st, wait)?;
+        }
+    }
+
+    /// One write: copy into the send buffer as far as it has room, post it.
+    pub(crate) fn write(&self, buf: &[u8], wait: Option<Wait>) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut st = self.conn.lock();
+        let wait = wait.unwrap_or_else(|| self.write_wait(&st));
+        loop {
+            if let Some(e) = st.conn.error() {
+                return Err(io_err(e));
+            }
+            let space = st.conn.tx_space().map_err(io_err)?;
+            if !space.is_empty() {
+                let mut n = 0usize;
+                for r in space.as_slice() {
+                    let take = (r.len as usize).min(buf.len() - n);
+                    if take == 0 {
+                        break;
+                    }
+                    self.conn.sndbuf.write(r.off as usize, &buf[n..n + take]);
+                    n += take;
+                }
+                st.conn.tx_commit(n as u32, false).map_err(io_err)?;
+                self.conn.drive(&mut st, Instant::now());
+                return Ok(n);
+            }
+            st = self.wait(st, wait)?;
+        }
+    }
+
+    fn send_urgent(&self, byte: u8) -> io::Result<()> {
+        let mut st = self.conn.lock();
+        let wait = self.write_wait(&st);
+        loop {
+            if let Some(e) = st.conn.error() {
+                return Err(io_err(e));
+            }
+            let space = st.conn.tx_space().map_err(io_err)?;
+            if let Some(r) = space.as_slice().first() {
+                self.conn.sndbuf.write(r.off as usize, &[byte]);
+                // RFC 7609 §4.7.5: the last byte committed with MSG_OOB is urgent.
+                st.conn.tx_commit(1, true).map_err(io_err)?;
+                self.conn.drive(&mut st, Instant::now());
+                return Ok(());
+            }
+            st = self.wait(st, wait)?;
+        }
+    }
+
+    fn recv_urgent(&self) -> io::Result<u8> {
+        let mut st = self.conn.lock();
+        let r = st.conn.read_oob();
+        self.conn.drive(&mut st, Instant::now());
+        r.map_err(|e| match e {
+            OobError::WouldBlock => io::Error::new(ErrorKind::WouldBlock, e),
+            OobError::Inline | OobError::NoUrgentData => io::Error::new(ErrorKind::InvalidInput, e),
+        })
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let mut st = self.conn.lock();
+        let now = Instant::now();
+        match how {
+            Shutdown::Write => st.conn.shutdown_write(now).map_err(io_err)?,
+            Shutdown::Read => st.conn.shutdown_read(),
+            Shutdown::Both => {
+                st.conn.shutdown_read();
+                st.conn.close(now);
+            }
+        }
+        self.conn.drive(&mut st, now);
+        self.conn.cond.notify_all();
+        Ok(())
+    }
+}
+
+enum Inner2 {
+    Smc(Arc<SmcHandle>),
+    Tcp(TcpStream, FallbackReason),
+}
+
+/// A stream between two SMC-R stacks, or a TCP fallback (like `std::net::TcpStream`).
+pub struct SmcStream {
+    inner: Inner2,
+}
+
+impl fmt::Debug for SmcStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmcStream")
+            .field("mode", &self.mode().to_string())
+            .field("peer", &self.peer_addr().ok())
+            .finish()
+    }
+}
+
+pub(crate) fn stream_from(stack: &Arc<Inner>, e: Established) -> SmcStream {
+    match e {
+        Established::Smc(conn) => SmcStream {
+            inner: Inner2::Smc(Arc::new(SmcHandle {
+                conn,
+                stack: stack.clone(),
+            })),
+        },
+        Established::Fallback(t, r) => SmcStream {
+            inner: Inner2::Tcp(t, r),
+        },
+    }
+}
+
+/// Connects one address: TCP (the SMC-R option marked on the socket first, RFC 7609
+/// §3.1), then the rendezvous on the event thread.
+pub(crate) fn connect_one(
+    stack: &Arc<Inner>,
+    addr: SocketAddr,
+    timeout: Option<Duration>,
+) -> io::Result<Established> {
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if let Ok(o) = &stack.bpf {
+        if let Err(e) = o.mark(&sock) {
+            debug!(error = %e, "cannot mark the socket for the SMC-R option");
+        }
+    }
+    if let Some(ip) = stack.cfg.local_addr {
+        if ip.is_ipv4() == addr.is_ipv4() {
+            sock.bind(&SocketAddr::new(ip, 0).into())?;
+        }
+    }
+    match timeout {
+        Some(t) => sock.connect_timeout(&addr.into(), t)?,
+        None => sock.connect(&addr.into())?,
+    }
+    let tcp: TcpStream = sock.into();
+    let _ = tcp.set_nodelay(true);
+    let slot = Arc::new(ConnectSlot::default());
+    register_client(stack, tcp, slot.clone())?;
+    // The machines bound every wait (ClcConfig::max_rendezvous_time); the margin only
+    // protects against a stopped stack.
+    let limit = Instant::now() + stack.clc.max_rendezvous_time() + Duration::from_secs(5);
+    let mut g = slot.result.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if let Some(r) = g.take() {
+            return r;
+        }
+        let now = Instant::now();
+        if now >= limit {
+            return Err(io::Error::new(
+                ErrorKind::TimedOut,
+                "SMC-R rendezvous did not finish",
+            ));
+        }
+        g = slot
+            .cond
+            .wait_timeout(g, limit - now)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+fn each_addr<A: ToSocketAddrs, T>(
+    addr: A,
+    mut f: impl FnMut(SocketAddr) -> io::Result<T>,
+) -> io::Result<T> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match f(a) {
+            Ok(t) => return Ok(t),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(ErrorKind::InvalidInput, "no address to use")))
+}
+
+/// `SIOCATMARK` (asm-generic/sockios.h; not in the libc crate).
+const SIOCATMARK: libc::Ioctl = 0x8905;
+
+fn oob_send(fd: i32, byte: u8) -> io::Result<()> {
+    // SAFETY: sends one byte from a valid local variable on a socket we own.
+    let r = unsafe { libc::send(fd, (&byte as *const u8).cast(), 1, libc::MSG_OOB) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn oob_recv(fd: i32) -> io::Result<u8> {
+    let mut b = 0u8;
+    // SAFETY: receives at most one byte into a valid local variable.
+    let r = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_OOB) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else if r == 0 {
+        Err(io::Error::new(ErrorKind::InvalidInput, "no urgent data"))
+    } else {
+        Ok(b)
+    }
+}
+
+impl SmcStream {
+    /// Connects with [`Stack::global`].
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<Self> {
+        Self::connect_with(Stack::global(), addr)
+    }
+
+    /// Connects with `stack`: SMC-R when both sides can, otherwise TCP (see [`Mode`]).
+    pub fn connect_with(stack: &Stack, addr: impl ToSocketAddrs) -> io::Result<Self> {
+        let inner = stack.inner.clone();
+        each_addr(addr, |a| connect_one(&inner, a, None)).map(|e| stream_from(&inner, e))
+    }
+
+    /// Connects with [`Stack::global`], the TCP connect bounded by `t` (the rendezvous
+    /// is bounded by the CLC timers).
+    pub fn connect_timeout(addr: &SocketAddr, t: Duration) -> io::Result<Self> {
+        let inner = Stack::global().inner.clone();
+        connect_one(&inner, *addr, Some(t)).map(|e| stream_from(&inner, e))
+    }
+
+    /// [`SmcStream::connect_timeout`] with `stack`.
+    pub fn connect_timeout_with(stack: &Stack, addr: &SocketAddr, t: Duration) -> io::Result<Self> {
+        let inner = stack.inner.clone();
+        connect_one(&inner, *addr, Some(t)).map(|e| stream_from(&inner, e))
+    }
+
+    /// SMC-R or TCP fallback (with the reason).
+    pub fn mode(&self) -> Mode {
+        match &self.inner {
+            Inner2::Smc(h) => Mode::Smc {
+                link_group: LinkGroupId(h.conn.lgr.0),
+                version: h.conn.version,
+                first_contact: h.conn.first_contact,
+            },
+            Inner2::Tcp(_, r) => Mode::Fallback { reason: r.clone() },
+        }
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner2::Smc(h) => Ok(h.conn.peer),
+            Inner2::Tcp(t, _) => t.peer_addr(),
+        }
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner2::Smc(h) => Ok(h.conn.local),
+            Inner2::Tcp(t, _) => t.local_addr(),
+        }
+    }
+
+    /// `shutdown(2)`: `Write` sends PeerDoneWriting after the data (RFC 7609 §4.8.1),
+    /// `Both` closes.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match &self.inner {
+            Inner2::Smc(h) => h.shutdown(how),
+            Inner2::Tcp(t, _) => t.shutdown(how),
+        }
+    }
+
+    /// Blocking reads give up after `t` (`WouldBlock`, like `TcpStream`).
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(ErrorKind::InvalidInput, "zero timeout"));
+        }
+        match &self.inner {
+            Inner2::Smc(h) => {
+                h.conn.lock().read_timeout = t;
+                Ok(())
+            }
+            Inner2::Tcp(s, _) => s.set_read_timeout(t),
+        }
+    }
+
+    /// Blocking writes give up after `t`.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(ErrorKind::InvalidInput, "zero timeout"));
+        }
+        match &self.inner {
+            Inner2::Smc(h) => {
+                h.conn.lock().write_timeout = t;
+                Ok(())
+            }
+            Inner2::Tcp(s, _) => s.set_write_timeout(t),
+        }
+    }
+
+    /// Non-blocking reads and writes (`WouldBlock`).
+    pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner2::Smc(h) => {
+                h.conn.lock().nonblocking = nb;
+                Ok(())
+            }
+            Inner2::Tcp(s, _) => s.set_nonblocking(nb),
+        }
+    }
+
+    /// `TCP_NODELAY` (SMC-R: disables corking).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner2::Smc(h) => {
+                let mut st = h.conn.lock();
+                st.conn.set_nodelay(on);
+                h.conn.drive(&mut st, Instant::now());
+                Ok(())
+            }
+            Inner2::Tcp(s, _) => s.set_nodelay(on),
+        }
+    }
+
+    /// `SO_OOBINLINE`: the urgent byte stays in the stream.
+    pub fn set_oob_inline(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner2::Smc(h) => {
+                let mut st = h.conn.lock();
+                st.conn.set_oob_inline(on);
+                h.conn.drive(&mut st, Instant::now());
+                Ok(())
+            }
+            Inner2::Tcp(s, _) => socket2::SockRef::from(s).set_out_of_band_inline(on),
+        }
+    }
+
+    /// `SIOCATMARK`: the next byte read is the one after the urgent mark.
+    pub fn at_mark(&self) -> io::Result<bool> {
+        match &self.inner {
+            Inner2::Smc(h) => Ok(h.conn.lock().conn.at_mark()),
+            Inner2::Tcp(s, _) => {
+                let mut v: libc::c_int = 0;
+                // SAFETY: SIOCATMARK writes one int into `v`.
+                let r = unsafe { libc::ioctl(s.as_raw_fd(), SIOCATMARK, &mut v) };
+                if r < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(v != 0)
+                }
+            }
+        }
+    }
+
+    /// Sends one urgent byte (`send(MSG_OOB)`, RFC 7609 §4.7.5).
+    pub fn send_urgent(&self, byte: u8) -> io::Result<()> {
+        match &self.inner {
+            Inner2::Smc(h) => h.send_urgent(byte),
+            Inner2::Tcp(s, _) => oob_send(s.as_raw_fd(), byte),
+        }
+    }
+
+    /// Reads the urgent byte (`recv(MSG_OOB)`): `WouldBlock` while it is announced but
+    /// not here yet, `InvalidInput` without urgent data or with `SO_OOBINLINE`.
+    pub fn recv_urgent(&self) -> io::Result<u8> {
+        match &self.inner {
+            Inner2::Smc(h) => h.recv_urgent(),
+            Inner2::Tcp(s, _) => oob_recv(s.as_raw_fd()),
+        }
+    }
+
+    /// Aborts the connection (`SO_LINGER` 0 then close; RFC 7609 §4.8.2): unsent and
+    /// unread data is discarded and the peer sees a reset.
+    pub fn abort(self) -> io::Result<()> {
+        match &self.inner {
+            Inner2::Smc(h) => {
+                let mut st = h.conn.lock();
+                st.conn.abort(Instant::now());
+                h.conn.drive(&mut st, Instant::now());
+                Ok(())
+            }
+            Inner2::Tcp(s, _) => socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)),
+        }
+    }
+
+    /// Another handle on the same connection (the connection closes with the last one).
+    pub fn try_clone(&self) -> io::Result<SmcStream> {
+        Ok(SmcStream {
+            inner: match &self.inner {
+                Inner2::Smc(h) => Inner2::Smc(h.clone()),
+                Inner2::Tcp(s, r) => Inner2::Tcp(s.try_clone()?, r.clone()),
+            },
+        })
+    }
+
+    /// Termination state (Linux smc_diag names; "TCP" for a fallback).
+    pub fn state(&self) -> String {
+        match &self.inner {
+            Inner2::Smc(h) => h.conn.lock().conn.state().to_string(),
+            Inner2::Tcp(..) => "TCP".into(),
+        }
+    }
+}
+
+impl Read for SmcStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Read for &SmcStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner2::Smc(h) => h.read(buf, None),
+            Inner2::Tcp(s, _) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        (&*self).flush()
+    }
+}
+
+impl Write for &SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.inner {
+            Inner2::Smc(h) => h.write(buf, None),
+            Inner2::Tcp(s, _) => (&*s).write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        // SMC-R data is posted at once (no corking by default).
+        match &self.inner {
+            Inner2::Smc(_) => Ok(()),
+            Inner2::Tcp(s, _) => (&*s).flush(),
+        }
+    }
+}
+
+/// A listener that accepts SMC-R connections (and TCP fallbacks), like
+/// `std::net::TcpListener`. The rendezvous runs on the stack's event thread;
+/// [`SmcListener::accept`] returns finished connections.
+pub struct SmcListener {
+    shared: Arc<ListenerShared>,
+    stack: Arc<Inner>,
+}
+
+impl fmt::Debug for SmcListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmcListener")
+            .field("local", &self.shared.local)
+            .finish()
+    }
+}
+
+impl Drop for SmcListener {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.stack.wake();
+    }
+}
+
+impl SmcListener {
+    /// Binds with [`Stack::global`].
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Self> {
+        Self::bind_with(Stack::global(), addr)
+    }
+
+    /// Binds with `stack` (the socket is marked for the SMC-R option before `listen()`).
+    pub fn bind_with(stack: &Stack, addr: impl ToSocketAddrs) -> io::Result<Self> {
+        let inner = stack.inner.clone();
+        each_addr(addr, |a| {
+            let sock = Socket::new(Domain::for_address(a), Type::STREAM, Some(Protocol::TCP))?;
+            sock.set_reuse_address(true)?;
+            if let Ok(o) = &inner.bpf {
+                if let Err(e) = o.mark(&sock) {
+                    debug!(error = %e, "cannot mark the listener for the SMC-R option");
+                }
+            }
+            sock.bind(&a.into())?;
+            sock.listen(1024)?;
+            let l: TcpListener = sock.into();
+            let shared = register_listener(&inner, l)?;
+            Ok(SmcListener {
+                shared,
+                stack: inner.clone(),
+            })
+        })
+    }
+
+    /// The next connection (SMC-R or fallback) and its peer's address.
+    pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some((e, peer)) = q.pop_front() {
+                return Ok((stream_from(&self.stack, e), peer));
+            }
+            if self.shared.nonblocking.load(Ordering::SeqCst) {
+                return Err(ErrorKind::WouldBlock.into());
+            }
+            q = self
+                .shared
+                .cond
+                .wait_timeout(q, Duration::from_secs(1))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    #[cfg(feature = "tokio")]
+    pub(crate) fn poll_accept(&self, waker: &std::task::Waker) -> Option<(SmcStream, SocketAddr)> {
+        let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((e, peer)) = q.pop_front() {
+            return Some((stream_from(&self.stack, e), peer));
+        }
+        if let Ok(mut w) = self.shared.waker.lock() {
+            *w = Some(waker.clone());
+        }
+        None
+    }
+
+    /// Accepted connections, forever.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
+        std::iter::from_fn(move || Some(self.accept().map(|(s, _)| s)))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.shared.local)
+    }
+
+    /// `accept` returns `WouldBlock` instead of waiting.
+    pub fn set_nonblocking(&self, nb: bool) -> io::Result<()> {
+        self.shared.nonblocking.store(nb, Ordering::SeqCst);
+        Ok(())
+    }
+}

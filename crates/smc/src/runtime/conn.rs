@@ -1,0 +1,288 @@
+//! One SMC-R connection at run time: the `conn` machine under the connection's lock,
+//! its buffers and link, and the data path (docs/core-design.md "runtime").
+//!
+//! The application thread copies into the sndbuf and posts the RDMA WRITEs and the CDC
+//! itself ([`ConnShared::drive`]); received CDCs are processed on the provider's
+//! completion thread ([`ConnShared::on_cdc`]); timers, TCP monitoring and the release of
+//! a closed connection's resources run on the event thread.
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use smc_verbs::{Mr, RdmaBuffer};
+use smc_wire::cdc::{self as wcdc, CdcRepr};
+use tracing::{debug, warn};
+
+use super::link::{wr_cdc, LinkRes, TX_SLOTS};
+use super::{Inbox, Inner};
+use crate::clc::{LgrId, RmbId};
+use crate::conn::{CdcMsg, Conn, ConnStateFlags, Cursor, Events, ProducerFlags};
+
+/// Mutable state of a connection, under [`ConnShared::state`].
+pub(crate) struct ConnState {
+    pub conn: Conn,
+    /// The TCP connection, idle while SMC-R carries the data (RFC 7609 §4.8: it carries
+    /// the final FIN, and its RST aborts). Closed by the event thread only.
+    pub tcp: Option<TcpStream>,
+    /// The TCP connection was shut down for writing (our FIN is out).
+    pub tcp_fin_sent: bool,
+    /// The peer's FIN or RST was seen; no more monitoring.
+    pub tcp_done: bool,
+    /// Timer the event thread knows about.
+    pub armed: Option<Instant>,
+    /// Waiting for send slots on the link.
+    pub waiting_slots: bool,
+    /// Every application handle is gone.
+    pub released: bool,
+    pub read_timeout: Option<Duration>,
+    pub write_timeout: Option<Duration>,
+    pub nonblocking: bool,
+    pub rx_waker: Option<Waker>,
+    pub tx_waker: Option<Waker>,
+}
+
+/// A connection shared by the application handles, the completion handler and the
+/// event thread.
+pub(crate) struct ConnShared {
+    pub token: u32,
+    pub lgr: LgrId,
+    pub link: Arc<LinkRes>,
+    pub rmb_id: RmbId,
+    pub rmb: Arc<RdmaBuffer>,
+    pub sndbuf: Arc<RdmaBuffer>,
+    pub sndbuf_mr: Mr,
+    /// Virtual address of the peer's RMB element on our link, and its RKey.
+    pub peer_base: u64,
+    pub peer_rkey: u32,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub version: u8,
+    pub first_contact: bool,
+    pub state: Mutex<ConnState>,
+    pub cond: Condvar,
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    pub stack: Weak<Inner>,
+    pub self_ref: Weak<ConnShared>,
+}
+
+impl std::fmt::Debug for ConnShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnShared")
+            .field("token", &format_args!("{:#x}", self.token))
+            .field("lgr", &self.lgr)
+            .finish()
+    }
+}
+
+pub(crate) fn to_wire(m: &CdcMsg) -> [u8; 44] {
+    let r = CdcRepr {
+        seqno: m.seq,
+        token: m.token,
+        prod: wcdc::Cursor {
+            wrap: m.prod.wrap,
+            count: m.prod.count,
+        },
+        cons: wcdc::Cursor {
+            wrap: m.cons.wrap,
+            count: m.cons.count,
+        },
+        prod_flags: wcdc::ProducerFlags::from_bits_truncate(m.prod_flags.bits()),
+        conn_flags: wcdc::ConnStateFlags::from_bits_truncate(m.conn_flags.bits()),
+    };
+    let mut b = [0u8; 44];
+    // Never fails: the buffer is exactly 44 bytes.
+    let _ = r.emit(&mut b);
+    b
+}
+
+pub(crate) fn from_wire(b: &[u8]) -> Option<CdcMsg> {
+    let r = CdcRepr::parse_bytes(b).ok()?;
+    Some(CdcMsg {
+        seq: r.seqno,
+        token: r.token,
+        prod: Cursor {
+            wrap: r.prod.wrap,
+            count: r.prod.count,
+        },
+        cons: Cursor {
+            wrap: r.cons.wrap,
+            count: r.cons.count,
+        },
+        prod_flags: ProducerFlags::from_bits_truncate(r.prod_flags.bits()),
+        conn_flags: ConnStateFlags::from_bits_truncate(r.conn_flags.bits()),
+    })
+}
+
+impl ConnShared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ConnState> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// After any input: post what the machine wants sent, then act on its events.
+    pub(crate) fn drive(&self, st: &mut ConnState, now: Instant) {
+        self.flush(st, now);
+        let ev = st.conn.take_events();
+        self.on_events(st, ev);
+        let t = st.conn.poll_timeout();
+        if t != st.armed {
+            let earlier = match (t, st.armed) {
+                (Some(n), Some(o)) => n < o,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            st.armed = t;
+            if earlier {
+                if let Some(s) = self.stack.upgrade() {
+                    s.wake();
+                }
+            }
+        }
+    }
+
+    fn flush(&self, st: &mut ConnState, now: Instant) {
+        loop {
+            if st.conn.needs_failover() {
+                return;
+            }
+            if !self.link.try_reserve(TX_SLOTS) {
+                if !st.waiting_slots {
+                    st.waiting_slots = true;
+                    if let Some(me) = self.self_ref.upgrade() {
+                        self.link.add_waiter(&me);
+                    }
+                }
+                // Completions may have come back between the failed reservation and
+                // the registration: look once more.
+                if !self.link.try_reserve(TX_SLOTS) {
+                    return;
+                }
+            }
+            let Some(t) = st.conn.poll_transmit(now) else {
+                self.link.release(TX_SLOTS);
+                return;
+            };
+            let mut writes = [(0u64, 0u32, 0u32); 3];
+            let n = t.writes().len();
+            for (i, w) in t.writes().iter().enumerate() {
+                writes[i] = (self.peer_base + u64::from(w.dst_off), w.src_off, w.len);
+            }
+            let cdc = to_wire(&t.cdc);
+            let res = self.link.post_transmit(
+                &writes[..n],
+                self.peer_rkey,
+                &self.sndbuf_mr,
+                &cdc,
+                wr_cdc(self.token, t.cdc.seq),
+                TX_SLOTS,
+            );
+            match res {
+                Ok(()) => {
+                    self.bytes_sent.fetch_add(t.data_len(), Ordering::Relaxed);
+                }
+                Err(e) => {
+                    warn!(token = self.token, error = %e, "posting a CDC failed");
+                    st.conn.on_cdc_send_failed(t.cdc.seq);
+                    if let Some(s) = self.stack.upgrade() {
+                        s.post(Inbox::LinkError {
+                            lgr: self.lgr,
+                            link: self.link.id,
+                        });
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_events(&self, st: &mut ConnState, ev: Events) {
+        if ev.intersects(
+            Events::READABLE
+                | Events::WRITABLE
+                | Events::URGENT
+                | Events::ERROR
+                | Events::PEER_DONE,
+        ) {
+            self.cond.notify_all();
+            if ev.intersects(Events::READABLE | Events::URGENT | Events::ERROR | Events::PEER_DONE)
+            {
+                if let Some(w) = st.rx_waker.take() {
+                    w.wake();
+                }
+            }
+            if ev.intersects(Events::WRITABLE | Events::ERROR) {
+                if let Some(w) = st.tx_waker.take() {
+                    w.wake();
+                }
+            }
+        }
+        if ev.contains(Events::TCP_SHUTDOWN) && !st.tcp_fin_sent {
+            // RFC 7609 §4.8.1: the TCP FIN follows the SMC-R close flags.
+            st.tcp_fin_sent = true;
+            if let Some(t) = &st.tcp {
+                let _ = t.shutdown(std::net::Shutdown::Write);
+            }
+        }
+        if ev.intersects(Events::TCP_RESET | Events::CLOSED) {
+            if let Some(s) = self.stack.upgrade() {
+                if ev.contains(Events::TCP_RESET) {
+                    s.post(Inbox::ResetTcp(self.token));
+                }
+                if ev.contains(Events::CLOSED) {
+                    s.post(Inbox::ConnClosed);
+                }
+            }
+        }
+    }
+
+    /// Send slots came back: try again.
+    pub(crate) fn kick(&self) {
+        let mut st = self.lock();
+        st.waiting_slots = false;
+        self.drive(&mut st, Instant::now());
+    }
+
+    /// A received CDC (completion thread).
+    pub(crate) fn on_cdc(&self, msg: &CdcMsg, now: Instant) {
+        let mut st = self.lock();
+        let before = st.conn.rx_consumed() + st.conn.rx_unread();
+        let rmb = &self.rmb;
+        let out = st.conn.handle_cdc(msg, now, |off| {
+            let mut b = [0u8; 1];
+            if rmb.contains(off as usize, 1) {
+                rmb.read(off as usize, &mut b);
+            }
+            b[0]
+        });
+        let after = st.conn.rx_consumed() + st.conn.rx_unread();
+        if after > before {
+            self.bytes_received
+                .fetch_add(after - before, Ordering::Relaxed);
+        }
+        tracing::trace!(token = self.token, ?out, "cdc");
+        self.drive(&mut st, now);
+    }
+
+    /// A CDC's send completion (completion thread).
+    pub(crate) fn on_cdc_complete(&self, seq: u16, ok: bool) {
+        let mut st = self.lock();
+        if ok {
+            st.conn.on_cdc_sent(seq);
+        } else {
+            st.conn.on_cdc_send_failed(seq);
+            // Single-link groups have nowhere to fail over to (§4.8.3); the link-group
+            // machine decides about the link, the connection cannot go on.
+            if st.conn.needs_failover() {
+                debug!(token = self.token, "CDC send failed, no alternate link");
+                st.conn.kill(crate::conn::AbortReason::LinkLost);
+            }
+        }
+        self.drive(&mut st, Instant::now());
+    }
+}

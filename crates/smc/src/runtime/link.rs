@@ -1,0 +1,502 @@
+//! One SMC-R link's verbs objects: its own PD (RFC 7609 §2.1), one CQ for both
+//! directions, the RC QP, the receive buffers, the send-slot accounting and the
+//! completion handler that runs the receive side of the data path.
+//!
+//! Work-request ids tell the completion handler what completed: receive slots carry
+//! their slot number, RDMA WRITEs [`WR_WRITE`], CDC SENDs the alert token and seqno of
+//! their connection ([`wr_cdc`]), LLC SENDs the llc machine's `SendId`.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use smc_verbs::{
+    AccessFlags, AddressHandle, Cq, Device, InitAttr, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr,
+    RdmaBuffer, RecvWr, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+use smc_wire::cdc::CDC_TYPE;
+use tracing::{debug, trace, warn};
+
+use super::conn::ConnShared;
+use super::{Inbox, Inner};
+use crate::clc::LgrId;
+use crate::llc;
+
+/// Send work requests per link (RDMA WRITEs, CDCs and LLC messages).
+pub(crate) const SEND_WR: u32 = 512;
+/// Receive work requests (and receive slots) per link.
+pub(crate) const RECV_WR: u32 = 256;
+/// Receive slot size: SMC-Rv2 LLC messages can be up to 8 KiB (Linux
+/// `SMC_WR_BUF_V2_SIZE`); CDC and v1 LLC messages are 44 bytes.
+pub(crate) const RECV_SLOT: usize = 8192;
+/// Inline data we ask for (every 44-byte CDC and LLC message goes inline).
+pub(crate) const MAX_INLINE: u32 = 64;
+/// Staging slot for an inline message, and how many (far more than can be in the
+/// act of being posted at once: inline data is copied when the WR is posted).
+const CTL_SLOT: usize = 64;
+const CTL_SLOTS: usize = 4096;
+/// Send slots a transmit needs at most: three RDMA WRITEs and the CDC.
+pub(crate) const TX_SLOTS: i64 = 4;
+
+const KIND_SHIFT: u32 = 60;
+const KIND_WRITE: u64 = 1;
+const KIND_CDC: u64 = 2;
+const KIND_LLC: u64 = 3;
+const KIND_RECV: u64 = 4;
+/// wr_id of an RDMA WRITE (only its slot matters).
+pub(crate) const WR_WRITE: u64 = KIND_WRITE << KIND_SHIFT;
+
+/// wr_id of a CDC SEND: the connection's alert token and the seqno.
+pub(crate) fn wr_cdc(token: u32, seq: u16) -> u64 {
+    (KIND_CDC << KIND_SHIFT) | (u64::from(token) << 16) | u64::from(seq)
+}
+
+fn wr_llc(id: llc::SendId) -> u64 {
+    (KIND_LLC << KIND_SHIFT) | (id.0 & ((1 << KIND_SHIFT) - 1))
+}
+
+/// The peer's side of a link, in verbs terms.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PeerQpAttr {
+    pub gid: smc_verbs::Gid,
+    pub mac: smc_verbs::Mac,
+    pub qpn: u32,
+    pub psn: u32,
+    pub mtu: Mtu,
+}
+
+/// Verbs objects and data-path state of one link.
+pub(crate) struct LinkRes {
+    pub lgr: LgrId,
+    pub id: llc::LinkId,
+    pub device: Device,
+    pub pd: Pd,
+    pub cq: Cq,
+    pub qp: Qp,
+    /// Our initial send PSN.
+    pub psn: u32,
+    /// Largest MTU of the port.
+    pub port_mtu: Mtu,
+    recv_buf: Arc<RdmaBuffer>,
+    recv_mr: Mr,
+    /// Registered staging slots for inline CDC and LLC messages (the software RNIC
+    /// copies inline data only out of registered memory of its device).
+    ctl_buf: Arc<RdmaBuffer>,
+    ctl_mr: Mr,
+    ctl_next: std::sync::atomic::AtomicU32,
+    /// Free send-queue slots (every WR is signalled, so completions give them back).
+    send_free: AtomicI64,
+    /// Connections waiting for send slots.
+    waiters: Mutex<VecDeque<Weak<ConnShared>>>,
+    /// A receive completion arrived since the event thread last looked (TEST LINK).
+    pub activity: AtomicBool,
+    /// Destroyed or failed: no more posting or reposting.
+    pub dead: AtomicBool,
+    /// Large LLC messages (SMC-Rv2) sent from registered memory until their completion.
+    big_sends: Mutex<Vec<(u64, Mr)>>,
+    handler_lock: Mutex<()>,
+    stack: Weak<Inner>,
+}
+
+impl std::fmt::Debug for LinkRes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkRes")
+            .field("lgr", &self.lgr)
+            .field("link", &self.id)
+            .field("qpn", &self.qp.qpn())
+            .finish()
+    }
+}
+
+impl LinkRes {
+    /// PD, CQ and QP in INIT with receive buffers posted (RFC 7609 §3.5.1.2).
+    pub(crate) fn create(
+        stack: &Arc<Inner>,
+        device: &Device,
+        lgr: LgrId,
+        id: llc::LinkId,
+    ) -> smc_verbs::Result<Arc<LinkRes>> {
+        let pd = device.alloc_pd()?;
+        let cq = device.create_cq(SEND_WR + RECV_WR + 16)?;
+        let qp = pd.create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            cap: QpCap {
+                max_send_wr: SEND_WR,
+                max_recv_wr: RECV_WR,
+                max_send_sge: 2,
+                max_recv_sge: 1,
+                max_inline_data: MAX_INLINE,
+            },
+            sq_sig_all: true,
+        })?;
+        qp.modify_to_init(&InitAttr {
+            port_num: 1,
+            pkey_index: 0,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        })?;
+        let recv_buf = RdmaBuffer::new(RECV_SLOT * RECV_WR as usize)?;
+        let recv_mr = pd.reg_mr(&recv_buf, AccessFlags::LOCAL_WRITE)?;
+        let ctl_buf = RdmaBuffer::new(CTL_SLOT * CTL_SLOTS)?;
+        let ctl_mr = pd.reg_mr(&ctl_buf, AccessFlags::LOCAL_WRITE)?;
+        let psn = rand::random::<u32>() & smc_verbs::PSN_MASK;
+        let port_mtu = device.attr().active_mtu;
+        let link = Arc::new(LinkRes {
+            lgr,
+            id,
+            device: device.clone(),
+            pd,
+            cq,
+            qp,
+            psn,
+            port_mtu,
+            recv_buf,
+            recv_mr,
+            ctl_buf,
+            ctl_mr,
+            ctl_next: std::sync::atomic::AtomicU32::new(0),
+            send_free: AtomicI64::new(i64::from(SEND_WR)),
+            waiters: Mutex::new(VecDeque::new()),
+            activity: AtomicBool::new(false),
+            dead: AtomicBool::new(false),
+            big_sends: Mutex::new(Vec::new()),
+            handler_lock: Mutex::new(()),
+            stack: Arc::downgrade(stack),
+        });
+        for slot in 0..RECV_WR {
+            link.post_recv(slot)?;
+        }
+        let weak = Arc::downgrade(&link);
+        link.cq.set_handler(Some(Arc::new(move || {
+            if let Some(l) = weak.upgrade() {
+                l.on_cq_event();
+            }
+        })));
+        link.cq.req_notify(false);
+        debug!(?lgr, link = %id, qpn = link.qp.qpn(), "link QP created");
+        Ok(link)
+    }
+
+    /// INIT → RTR → RTS towards the peer (RFC 7609 §3.5.1.3; Linux `smc_ib_ready_link`).
+    pub(crate) fn connect(&self, peer: &PeerQpAttr) -> smc_verbs::Result<()> {
+        let mut ah = AddressHandle::to_gid(peer.gid);
+        ah.dmac = Some(peer.mac);
+        self.qp.modify_to_rtr(&RtrAttr {
+            path_mtu: peer.mtu.min(self.port_mtu),
+            dest_qpn: peer.qpn,
+            rq_psn: peer.psn,
+            ah,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+        })?;
+        self.qp.modify_to_rts(&RtsAttr {
+            sq_psn: self.psn,
+            ..RtsAttr::default()
+        })?;
+        Ok(())
+    }
+
+    /// Stops the link: QP to ERR (outstanding work is flushed), handler removed.
+    pub(crate) fn destroy(&self) {
+        if self.dead.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = self.qp.modify_to_err() {
+            debug!(error = %e, "QP to ERR failed");
+        }
+        self.cq.set_handler(None);
+        self.wake_waiters();
+    }
+
+    /// Stages a small message in registered memory for an inline send.
+    fn ctl_sge(&self, bytes: &[u8]) -> Sge {
+        let slot = self.ctl_next.fetch_add(1, Ordering::Relaxed) as usize % CTL_SLOTS;
+        let len = bytes.len().min(CTL_SLOT);
+        self.ctl_buf.write(slot * CTL_SLOT, &bytes[..len]);
+        self.ctl_mr.sge(slot * CTL_SLOT, len as u32)
+    }
+
+    fn post_recv(&self, slot: u32) -> smc_verbs::Result<()> {
+        let sge = [self
+            .recv_mr
+            .sge(slot as usize * RECV_SLOT, RECV_SLOT as u32)];
+        self.qp.post_recv(&RecvWr {
+            wr_id: (KIND_RECV << KIND_SHIFT) | u64::from(slot),
+            sg_list: &sge,
+        })
+    }
+
+    /// Takes `n` send slots if they are free.
+    pub(crate) fn try_reserve(&self, n: i64) -> bool {
+        let mut cur = self.send_free.load(Ordering::SeqCst);
+        loop {
+            if cur < n {
+                return false;
+            }
+            match self.send_free.compare_exchange_weak(
+                cur,
+                cur - n,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return true,
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// Gives `n` send slots back.
+    pub(crate) fn release(&self, n: i64) {
+        if n > 0 {
+            self.send_free.fetch_add(n, Ordering::SeqCst);
+        }
+    }
+
+    /// Free send slots (stats).
+    pub(crate) fn free_slots(&self) -> i64 {
+        self.send_free.load(Ordering::SeqCst)
+    }
+
+    /// Queue a connection to be driven when send slots come back.
+    pub(crate) fn add_waiter(&self, conn: &Arc<ConnShared>) {
+        if let Ok(mut w) = self.waiters.lock() {
+            w.push_back(Arc::downgrade(conn));
+        }
+    }
+
+    fn wake_waiters(&self) {
+        loop {
+            if !self.dead.load(Ordering::SeqCst) && self.free_slots() < TX_SLOTS {
+                return;
+            }
+            let next = match self.waiters.lock() {
+                Ok(mut w) => w.pop_front(),
+                Err(_) => None,
+            };
+            match next {
+                None => return,
+                Some(c) => {
+                    if let Some(c) = c.upgrade() {
+                        c.kick();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Posts an LLC message (RC SEND; inline when it fits).
+    pub(crate) fn post_llc(&self, id: llc::SendId, bytes: &[u8]) -> smc_verbs::Result<()> {
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(smc_verbs::VerbsError::InvalidState(self.qp.state()));
+        }
+        if !self.try_reserve(1) {
+            return Err(smc_verbs::VerbsError::QueueFull);
+        }
+        let res = if bytes.len() <= MAX_INLINE as usize {
+            let sge = [self.ctl_sge(bytes)];
+            self.qp.post_send(&SendWr {
+                wr_id: wr_llc(id),
+                op: SendOp::Send,
+                sg_list: &sge,
+                flags: SendFlags::SIGNALED | SendFlags::INLINE,
+            })
+        } else {
+            // SMC-Rv2 ADD LINK with its RKey list can exceed the inline limit: send it
+            // from registered memory kept until the completion.
+            let r = RdmaBuffer::new(bytes.len())
+                .map_err(smc_verbs::VerbsError::from)
+                .and_then(|buf| {
+                    buf.write(0, bytes);
+                    let mr = self.pd.reg_mr(&buf, AccessFlags::empty())?;
+                    let sge = [mr.sge(0, bytes.len() as u32)];
+                    self.qp.post_send(&SendWr {
+                        wr_id: wr_llc(id),
+                        op: SendOp::Send,
+                        sg_list: &sge,
+                        flags: SendFlags::SIGNALED,
+                    })?;
+                    if let Ok(mut b) = self.big_sends.lock() {
+                        b.push((wr_llc(id), mr));
+                    }
+                    Ok(())
+                });
+            r
+        };
+        if res.is_err() {
+            self.release(1);
+        }
+        res
+    }
+
+    /// Posts the RDMA WRITEs and the CDC of one transmit, in order, as one batch.
+    /// `slots` were reserved by the caller; unused ones are given back.
+    pub(crate) fn post_transmit(
+        &self,
+        writes: &[(u64, u32, u32)],
+        rkey: u32,
+        sndbuf: &Mr,
+        cdc: &[u8; 44],
+        cdc_wr: u64,
+        slots: i64,
+    ) -> smc_verbs::Result<()> {
+        let n = writes.len() as i64 + 1;
+        if self.dead.load(Ordering::SeqCst) {
+            self.release(slots);
+            return Err(smc_verbs::VerbsError::InvalidState(self.qp.state()));
+        }
+        let mut sges: [Sge; 4] = [Sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; 4];
+        for (i, &(_, src_off, len)) in writes.iter().enumerate() {
+            sges[i] = sndbuf.sge(src_off as usize, len);
+        }
+        sges[writes.len()] = self.ctl_sge(cdc);
+        let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(writes.len() + 1);
+        for (i, &(remote, _, _)) in writes.iter().enumerate() {
+            wrs.push(SendWr {
+                wr_id: WR_WRITE,
+                op: SendOp::RdmaWrite {
+                    remote_addr: remote,
+                    rkey,
+                },
+                sg_list: std::slice::from_ref(&sges[i]),
+                flags: SendFlags::SIGNALED,
+            });
+        }
+        wrs.push(SendWr {
+            wr_id: cdc_wr,
+            op: SendOp::Send,
+            sg_list: std::slice::from_ref(&sges[writes.len()]),
+            flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        });
+        match self.qp.post_send_batch(&wrs) {
+            Ok(()) => {
+                self.release(slots - n);
+                Ok(())
+            }
+            Err(e) => {
+                self.release(slots);
+                Err(e)
+            }
+        }
+    }
+
+    /// The CQ fired (provider thread): poll everything, re-arm, poll again (ibverbs
+    /// pattern, so completions racing with the re-arm are not lost).
+    fn on_cq_event(self: &Arc<Self>) {
+        let Ok(_g) = self.handler_lock.lock() else {
+            return;
+        };
+        let Some(stack) = self.stack.upgrade() else {
+            return;
+        };
+        let mut wcs = [WorkCompletion::default(); 32];
+        loop {
+            loop {
+                let n = self.cq.poll(&mut wcs);
+                if n == 0 {
+                    break;
+                }
+                for wc in &wcs[..n] {
+                    self.on_completion(&stack, wc);
+                }
+            }
+            if self.dead.load(Ordering::SeqCst) {
+                break;
+            }
+            self.cq.req_notify(false);
+            if self.cq.pending() == 0 {
+                break;
+            }
+        }
+        self.wake_waiters();
+    }
+
+    fn on_completion(self: &Arc<Self>, stack: &Arc<Inner>, wc: &WorkCompletion) {
+        let kind = wc.wr_id >> KIND_SHIFT;
+        if kind == KIND_RECV {
+            self.on_recv(stack, wc);
+            return;
+        }
+        // Every send WR is signalled: its slot is free again.
+        self.release(1);
+        let ok = wc.status == WcStatus::Success;
+        if !ok && wc.status != WcStatus::WrFlushErr {
+            warn!(lgr = ?self.lgr, link = %self.id, status = ?wc.status, "send failed");
+        }
+        match kind {
+            KIND_CDC => {
+                let token = ((wc.wr_id >> 16) & 0xFFFF_FFFF) as u32;
+                let seq = (wc.wr_id & 0xFFFF) as u16;
+                if let Some(c) = stack.conn_by_token(token) {
+                    c.on_cdc_complete(seq, ok);
+                }
+            }
+            KIND_LLC => {
+                if let Ok(mut b) = self.big_sends.lock() {
+                    b.retain(|(id, _)| *id != wc.wr_id);
+                }
+                stack.post(Inbox::LlcSent {
+                    lgr: self.lgr,
+                    link: self.id,
+                    id: llc::SendId(wc.wr_id & ((1 << KIND_SHIFT) - 1)),
+                    ok,
+                });
+            }
+            _ => {}
+        }
+        if !ok && !self.dead.load(Ordering::SeqCst) {
+            stack.post(Inbox::LinkError {
+                lgr: self.lgr,
+                link: self.id,
+            });
+        }
+    }
+
+    fn on_recv(self: &Arc<Self>, stack: &Arc<Inner>, wc: &WorkCompletion) {
+        let slot = (wc.wr_id & 0xFFFF_FFFF) as u32;
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr && !self.dead.load(Ordering::SeqCst) {
+                warn!(lgr = ?self.lgr, link = %self.id, status = ?wc.status, "receive failed");
+                stack.post(Inbox::LinkError {
+                    lgr: self.lgr,
+                    link: self.id,
+                });
+            }
+            return;
+        }
+        self.activity.store(true, Ordering::Relaxed);
+        let len = (wc.byte_len as usize).min(RECV_SLOT);
+        let mut msg = [0u8; 44];
+        let off = slot as usize * RECV_SLOT;
+        if wc.opcode == WcOpcode::Recv && len >= 1 {
+            let mut first = [0u8; 1];
+            self.recv_buf.read(off, &mut first);
+            if first[0] == CDC_TYPE {
+                if len >= 44 {
+                    self.recv_buf.read(off, &mut msg);
+                    stack.on_cdc(self, &msg, Instant::now());
+                } else {
+                    trace!(len, "short CDC dropped");
+                }
+            } else {
+                let mut v = vec![0u8; len];
+                self.recv_buf.read(off, &mut v);
+                stack.post(Inbox::LlcRecv {
+                    lgr: self.lgr,
+                    link: self.id,
+                    bytes: v,
+                });
+            }
+        }
+        if !self.dead.load(Ordering::SeqCst) {
+            if let Err(e) = self.post_recv(slot) {
+                debug!(error = %e, "receive repost failed");
+            }
+        }
+    }
+}

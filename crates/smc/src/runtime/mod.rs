@@ -1,0 +1,623 @@
+//! The SMC-R runtime: everything that does I/O (docs/core-design.md "runtime").
+//!
+//! A [`Stack`] owns the configuration, the verbs [`Provider`], the Peer ID, the link
+//! groups with their QPs and RMBs, the alert-token registry and one event thread. The
+//! event thread runs the rendezvous machines on the TCP sockets, the link-group
+//! machines (LLC), every timer, and watches the idle TCP connection of every SMC-R
+//! connection for its FIN or RST (RFC 7609 §4.8). The data path does not go through
+//! it: application threads post RDMA WRITE + CDC themselves and the provider's
+//! completion thread processes received CDCs (see [`conn`]).
+
+pub(crate) mod conn;
+mod core;
+pub(crate) mod link;
+mod sys;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::task::Waker;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use smc_bpf::{SkipOptionPolicy, SmcOption, Unavailable};
+use smc_verbs::Provider;
+use smc_wire::common::{Mac, PeerId};
+use tracing::{debug, warn};
+
+use crate::clc::{ClcConfig, FallbackReason, LgrId, UeidTable};
+use crate::conn::{ConnConfig, UpdatePolicy};
+use crate::llc;
+
+pub(crate) use self::conn::ConnShared;
+use self::core::Core;
+use self::sys::EventFd;
+
+/// Configuration of a [`Stack`].
+#[derive(Clone)]
+pub struct StackConfig {
+    /// The RDMA provider (default: the software RoCEv2 RNIC, `SoftRoce::global()`).
+    pub provider: Arc<dyn Provider>,
+    /// Size of the RMB element of each connection (rounded up to the compressed
+    /// notation of RFC 7609 A.2.3: 16 KiB × 2^n).
+    pub rmb_size: usize,
+    /// Size of each connection's send buffer.
+    pub sndbuf_size: usize,
+    /// User EIDs for SMC-Rv2 (an empty table: v1 only, as Linux).
+    pub ueids: UeidTable,
+    /// Offer / accept SMC-Rv1.
+    pub v1: bool,
+    /// Offer / accept SMC-Rv2 (needs a UEID).
+    pub v2: bool,
+    /// A link group without connections lives this long (RFC 7609 §3.5.4; Linux 600 s
+    /// server / 610 s client — the client gets 10 s more so the server ends it).
+    pub lgr_idle_timeout: Duration,
+    /// Each CLC wait (RFC 7609 C.5; Linux 6 s).
+    pub clc_timeout: Duration,
+    /// TEST LINK after a link received nothing this long (RFC 7609 §4.5.3; Linux 30 s);
+    /// `None` disables keepalive.
+    pub keepalive: Option<Duration>,
+    /// LLC reply timeout (Linux 2 s).
+    pub llc_reply_timeout: Duration,
+    /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
+    /// default; `SMC_RS_SKIP_TCP_OPTION`).
+    pub skip_tcp_option: SkipOptionPolicy,
+    /// Use the smc-bpf TCP option (RFC 7609 §3.1) when its program is installed.
+    pub tcp_option: bool,
+    /// Client sockets bind to this address before connecting (tests: 127.0.0.1 vs
+    /// 127.0.0.2 in one process).
+    pub local_addr: Option<IpAddr>,
+    /// Free RMBs (and send buffers) kept per link group for reuse; beyond that an RMB
+    /// freed by a connection is deleted (DELETE RKEY) and unregistered.
+    pub rmb_cache: usize,
+    /// Connection policy knobs (update policy, close timers, ...).
+    pub conn: ConnConfig,
+    /// Rendezvous details (host name, layouts, LLC timers); versions, UEIDs and the CLC
+    /// timeout above override the fields they name.
+    pub clc: ClcConfig,
+}
+
+impl fmt::Debug for StackConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackConfig")
+            .field("provider", &self.provider.name())
+            .field("rmb_size", &self.rmb_size)
+            .field("sndbuf_size", &self.sndbuf_size)
+            .field("v1", &self.v1)
+            .field("v2", &self.v2)
+            .field("ueids", &self.ueids.len())
+            .field("lgr_idle_timeout", &self.lgr_idle_timeout)
+            .field("clc_timeout", &self.clc_timeout)
+            .field("keepalive", &self.keepalive)
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl StackConfig {
+    /// Defaults with the given provider: v1 and v2 offered (v2 only with a UEID, like
+    /// Linux), 256 KiB buffers, Linux timers, no TCP-option override.
+    pub fn with_provider(provider: Arc<dyn Provider>) -> StackConfig {
+        StackConfig {
+            provider,
+            rmb_size: 256 * 1024,
+            sndbuf_size: 256 * 1024,
+            ueids: UeidTable::new(),
+            v1: true,
+            v2: true,
+            lgr_idle_timeout: Duration::from_secs(600),
+            clc_timeout: Duration::from_secs(6),
+            keepalive: Some(Duration::from_secs(30)),
+            llc_reply_timeout: Duration::from_secs(2),
+            skip_tcp_option: SkipOptionPolicy::disabled(),
+            tcp_option: true,
+            local_addr: None,
+            rmb_cache: 16,
+            conn: ConnConfig {
+                update_policy: UpdatePolicy::linux(),
+                ..ConnConfig::default()
+            },
+            clc: ClcConfig::default(),
+        }
+    }
+
+    /// The process default: the software RNIC, UEIDs from `SMC_RS_UEID` /
+    /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
+    /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes). Bad values are
+    /// logged and ignored.
+    pub fn from_env() -> StackConfig {
+        let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
+        match UeidTable::from_env_or_file() {
+            Ok(t) => c.ueids = t,
+            Err(e) => warn!(error = %e, "UEIDs ignored"),
+        }
+        match SkipOptionPolicy::from_env() {
+            Ok(p) => c.skip_tcp_option = p,
+            Err(e) => warn!(error = %e, "SMC_RS_SKIP_TCP_OPTION ignored"),
+        }
+        let size = |name: &str| -> Option<usize> {
+            let v = std::env::var(name).ok()?;
+            match v.trim().parse::<usize>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    warn!(name, value = %v, "not a size in bytes; ignored");
+                    None
+                }
+            }
+        };
+        if let Some(n) = size("SMC_RS_RMB_SIZE") {
+            c.rmb_size = n;
+        }
+        if let Some(n) = size("SMC_RS_SNDBUF_SIZE") {
+            c.sndbuf_size = n;
+        }
+        c
+    }
+
+    fn clc_config(&self) -> ClcConfig {
+        let mut c = self.clc.clone();
+        c.v1 = self.v1;
+        c.v2 = self.v2;
+        c.v2_config.ueids = self.ueids.clone();
+        c.clc_timeout = self.clc_timeout;
+        if c.hostname.0 == [0u8; 32] || c.hostname.0 == [b' '; 32] {
+            if let Some(h) = host_name() {
+                c.hostname = h;
+            }
+        }
+        c
+    }
+}
+
+fn host_name() -> Option<smc_wire::common::HostName> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into our buffer.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let s = std::str::from_utf8(&buf[..end]).ok()?;
+    let s: String = s.chars().take(32).collect();
+    smc_wire::common::Name32::new(&s)
+}
+
+/// A link group's name in listings and [`crate::Mode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LinkGroupId(pub u64);
+
+impl fmt::Display for LinkGroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lgr{}", self.0)
+    }
+}
+
+/// One link of a link group, for listings.
+#[derive(Clone, Debug)]
+pub struct LinkListing {
+    /// Wire link number.
+    pub num: u8,
+    /// State (llc machine).
+    pub state: String,
+    /// Our QP number.
+    pub qpn: u32,
+    /// The peer's QP number.
+    pub peer_qpn: Option<u32>,
+    /// Our device.
+    pub device: String,
+    /// Peer GID.
+    pub peer_gid: Option<String>,
+}
+
+/// One link group, for listings (`smc lgr`, like Linux `smcr linkgroup`).
+#[derive(Clone, Debug)]
+pub struct LinkGroupInfo {
+    /// Its id.
+    pub id: LinkGroupId,
+    /// "server" or "client".
+    pub role: &'static str,
+    /// SMC-R version (1 or 2).
+    pub version: u8,
+    /// The peer's Peer ID.
+    pub peer: String,
+    /// The links.
+    pub links: Vec<LinkListing>,
+    /// Connections using it.
+    pub conns: usize,
+    /// RMBs registered (in use or cached).
+    pub rmbs: usize,
+    /// RMB elements in use.
+    pub rmbs_in_use: usize,
+    /// No connection for now (the idle timer runs).
+    pub idle: bool,
+}
+
+/// One connection, for listings (`smc conns`, like `smcss`).
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    /// Local address.
+    pub local: SocketAddr,
+    /// Peer address.
+    pub peer: SocketAddr,
+    /// SMC-R (or a connection still in the rendezvous).
+    pub mode: String,
+    /// Termination state (Linux smc_diag names).
+    pub state: String,
+    /// The link group.
+    pub lgr: Option<LinkGroupId>,
+    /// Payload bytes written to the peer.
+    pub bytes_sent: u64,
+    /// Payload bytes received.
+    pub bytes_received: u64,
+}
+
+/// Counters and gauges of a stack.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Link groups alive.
+    pub link_groups: usize,
+    /// Links (QPs) alive.
+    pub links: usize,
+    /// QPs open (same as links; QPs being created included).
+    pub qps_open: usize,
+    /// RMBs registered.
+    pub rmbs: usize,
+    /// RMB elements in use by connections or rendezvous.
+    pub rmb_elements_in_use: usize,
+    /// Alert tokens allocated.
+    pub alert_tokens: usize,
+    /// SMC-R connections alive (not yet released).
+    pub smc_connections: usize,
+    /// Rendezvous in progress.
+    pub handshakes: usize,
+    /// Listeners.
+    pub listeners: usize,
+    /// Open file descriptors of the process.
+    pub fds: usize,
+    /// Connections that ended up in SMC-R, ever.
+    pub smc_total: u64,
+    /// ... with a new link group.
+    pub first_contacts: u64,
+    /// Connections that fell back to TCP.
+    pub fallbacks: u64,
+    /// Rendezvous that ended in a TCP reset.
+    pub resets: u64,
+    /// RMBs deleted with DELETE RKEY.
+    pub rmbs_deleted: u64,
+    /// Link groups ended.
+    pub lgrs_ended: u64,
+    /// TEST LINK-driven or other link failures.
+    pub links_failed: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub smc_total: AtomicU64,
+    pub first_contacts: AtomicU64,
+    pub fallbacks: AtomicU64,
+    pub resets: AtomicU64,
+    pub rmbs_deleted: AtomicU64,
+    pub lgrs_ended: AtomicU64,
+    pub links_failed: AtomicU64,
+}
+
+/// Messages to the event thread.
+#[derive(Debug)]
+pub(crate) enum Inbox {
+    LlcRecv {
+        lgr: LgrId,
+        link: llc::LinkId,
+        bytes: Vec<u8>,
+    },
+    LlcSent {
+        lgr: LgrId,
+        link: llc::LinkId,
+        id: llc::SendId,
+        ok: bool,
+    },
+    LinkError {
+        lgr: LgrId,
+        link: llc::LinkId,
+    },
+    ResetTcp(u32),
+    /// A connection reached CLOSED (it may be released).
+    ConnClosed,
+    /// The application dropped its last handle.
+    Released,
+}
+
+/// Alert tokens (RFC 7609 §4.1, A.2.3): slot + generation, so that a stale token from
+/// a closed connection never reaches a newer one in the same slot.
+#[derive(Default)]
+pub(crate) struct Tokens {
+    slots: Vec<TokenSlot>,
+    free: Vec<u16>,
+    used: usize,
+}
+
+#[derive(Default)]
+struct TokenSlot {
+    gen: u16,
+    used: bool,
+    conn: Option<Arc<ConnShared>>,
+}
+
+impl Tokens {
+    fn alloc(&mut self) -> Option<u32> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                if self.slots.len() >= usize::from(u16::MAX) {
+                    return None;
+                }
+                self.slots.push(TokenSlot {
+                    gen: 1,
+                    ..TokenSlot::default()
+                });
+                (self.slots.len() - 1) as u16
+            }
+        };
+        let s = &mut self.slots[usize::from(slot)];
+        s.used = true;
+        self.used += 1;
+        Some((u32::from(s.gen) << 16) | u32::from(slot))
+    }
+
+    fn slot(&mut self, token: u32) -> Option<&mut TokenSlot> {
+        let s = self.slots.get_mut((token & 0xFFFF) as usize)?;
+        (s.used && u32::from(s.gen) == token >> 16).then_some(s)
+    }
+
+    fn set(&mut self, token: u32, conn: Arc<ConnShared>) {
+        if let Some(s) = self.slot(token) {
+            s.conn = Some(conn);
+        }
+    }
+
+    fn get(&self, token: u32) -> Option<Arc<ConnShared>> {
+        let s = self.slots.get((token & 0xFFFF) as usize)?;
+        if s.used && u32::from(s.gen) == token >> 16 {
+            s.conn.clone()
+        } else {
+            None
+        }
+    }
+
+    fn release(&mut self, token: u32) {
+        let slot = (token & 0xFFFF) as u16;
+        if let Some(s) = self.slot(token) {
+            s.used = false;
+            s.conn = None;
+            s.gen = s.gen.wrapping_add(1).max(1);
+            self.free.push(slot);
+            self.used -= 1;
+        }
+    }
+}
+
+/// What a rendezvous hands to the API.
+pub(crate) enum Established {
+    Smc(Arc<ConnShared>),
+    Fallback(TcpStream, FallbackReason),
+}
+
+/// A client's wait for its rendezvous.
+#[derive(Default)]
+pub(crate) struct ConnectSlot {
+    pub result: Mutex<Option<io::Result<Established>>>,
+    pub cond: Condvar,
+}
+
+impl ConnectSlot {
+    pub(crate) fn complete(&self, r: io::Result<Established>) {
+        if let Ok(mut g) = self.result.lock() {
+            *g = Some(r);
+        }
+        self.cond.notify_all();
+    }
+}
+
+/// A listener's accepted, finished rendezvous.
+pub(crate) struct ListenerShared {
+    pub id: u64,
+    pub sock: TcpListener,
+    pub local: SocketAddr,
+    pub queue: Mutex<VecDeque<(Established, SocketAddr)>>,
+    pub cond: Condvar,
+    pub closed: AtomicBool,
+    pub nonblocking: AtomicBool,
+    pub waker: Mutex<Option<Waker>>,
+}
+
+impl ListenerShared {
+    pub(crate) fn push(&self, e: Established, peer: SocketAddr) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.push_back((e, peer));
+        }
+        self.cond.notify_all();
+        if let Ok(mut w) = self.waker.lock() {
+            if let Some(w) = w.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub cfg: StackConfig,
+    pub clc: ClcConfig,
+    instance: u16,
+    peer_id: OnceLock<PeerId>,
+    pub bpf: Result<SmcOption, Unavailable>,
+    core: Mutex<Core>,
+    tokens: RwLock<Tokens>,
+    inbox: Mutex<Vec<Inbox>>,
+    efd: EventFd,
+    stop: AtomicBool,
+    pub counters: Counters,
+}
+
+impl Inner {
+    /// Our Peer ID (RFC 7609 A.2.1): a random instance number and the MAC of the first
+    /// RoCE device this stack uses.
+    pub(crate) fn peer_id(&self, mac: Mac) -> PeerId {
+        *self.peer_id.get_or_init(|| PeerId {
+            instance: self.instance,
+            mac,
+        })
+    }
+
+    pub(crate) fn wake(&self) {
+        self.efd.wake();
+    }
+
+    pub(crate) fn post(&self, m: Inbox) {
+        if let Ok(mut i) = self.inbox.lock() {
+            i.push(m);
+        }
+        self.efd.wake();
+    }
+
+    pub(crate) fn conn_by_token(&self, token: u32) -> Option<Arc<ConnShared>> {
+        self.tokens.read().ok()?.get(token)
+    }
+
+    /// A received CDC (completion thread): find the connection by its alert token and
+    /// check it came on that connection's link.
+    pub(crate) fn on_cdc(&self, link: &link::LinkRes, bytes: &[u8; 44], now: Instant) {
+        let Some(msg) = conn::from_wire(bytes) else {
+            return;
+        };
+        match self.conn_by_token(msg.token) {
+            Some(c) if c.lgr == link.lgr => c.on_cdc(&msg, now),
+            Some(_) => debug!(
+                token = msg.token,
+                "CDC for a connection of another link group dropped"
+            ),
+            None => debug!(token = msg.token, "CDC with an unknown alert token dropped"),
+        }
+    }
+
+    pub(crate) fn lock_core(&self) -> std::sync::MutexGuard<'_, Core> {
+        match self.core.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// An SMC-R stack instance (see the module documentation).
+pub struct Stack {
+    pub(crate) inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Stack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stack")
+            .field("config", &self.inner.cfg)
+            .finish()
+    }
+}
+
+impl Stack {
+    /// The process-wide stack ([`StackConfig::from_env`]), started on first use.
+    pub fn global() -> &'static Stack {
+        static GLOBAL: OnceLock<Stack> = OnceLock::new();
+        GLOBAL.get_or_init(|| match Stack::new(StackConfig::from_env()) {
+            Ok(s) => s,
+            // Creating an eventfd and a thread only fails when the process is out of
+            // resources; there is nothing sensible to return from a static accessor.
+            Err(e) => panic!("cannot start the SMC-R stack: {e}"),
+        })
+    }
+
+    /// A new stack with its own Peer ID and event thread.
+    pub fn new(config: StackConfig) -> io::Result<Stack> {
+        let clc = config.clc_config();
+        let bpf = if config.tcp_option {
+            SmcOption::open()
+        } else {
+            Err(Unavailable {
+                reason: "SMC-R option disabled by configuration".into(),
+            })
+        };
+        if let Err(u) = &bpf {
+            debug!(reason = %u, "TCP option not available");
+        }
+        let inner = Arc::new(Inner {
+            clc,
+            instance: rand::random::<u16>(),
+            peer_id: OnceLock::new(),
+            bpf,
+            core: Mutex::new(Core::default()),
+            tokens: RwLock::new(Tokens::default()),
+            inbox: Mutex::new(Vec::new()),
+            efd: EventFd::new()?,
+            stop: AtomicBool::new(false),
+            counters: Counters::default(),
+            cfg: config,
+        });
+        let thread_inner = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("smc-event".into())
+            .spawn(move || core::run(thread_inner))?;
+        Ok(Stack {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StackConfig {
+        &self.inner.cfg
+    }
+
+    /// Link groups (id, role, version, peer, links, connections, RMBs).
+    pub fn link_groups(&self) -> Vec<LinkGroupInfo> {
+        self.inner.lock_core().link_group_infos()
+    }
+
+    /// Connections (addresses, mode, state, link group, bytes).
+    pub fn connections(&self) -> Vec<ConnInfo> {
+        self.inner.lock_core().conn_infos()
+    }
+
+    /// Counters and gauges, including open QPs, RMB elements in use and fds.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.inner.lock_core().stats();
+        let c = &self.inner.counters;
+        s.alert_tokens = self.inner.tokens.read().map(|t| t.used).unwrap_or(0);
+        s.fds = sys::count_fds();
+        s.smc_total = c.smc_total.load(Ordering::Relaxed);
+        s.first_contacts = c.first_contacts.load(Ordering::Relaxed);
+        s.fallbacks = c.fallbacks.load(Ordering::Relaxed);
+        s.resets = c.resets.load(Ordering::Relaxed);
+        s.rmbs_deleted = c.rmbs_deleted.load(Ordering::Relaxed);
+        s.lgrs_ended = c.lgrs_ended.load(Ordering::Relaxed);
+        s.links_failed = c.links_failed.load(Ordering::Relaxed);
+        s
+    }
+
+    /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.
+    pub fn terminate_link_groups(&self) {
+        let mut core = self.inner.lock_core();
+        core.terminate_all(Instant::now());
+        drop(core);
+        self.inner.wake();
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) use self::core::{register_client, register_listener};

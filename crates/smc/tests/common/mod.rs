@@ -1,0 +1,112 @@
+//! Two stacks in one process: a server on 127.0.0.2 and a client on 127.0.0.1, both
+//! over the software RNIC, with the TCP-option check skipped by policy (no eBPF).
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use smc::{SmcListener, SmcStream, Stack, StackConfig};
+
+pub const SERVER_IP: &str = "127.0.0.2";
+pub const CLIENT_IP: &str = "127.0.0.1";
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// A stack config for tests: softroce, CLC without the TCP option for `peers`.
+pub fn config(local: &str, peers: &str) -> StackConfig {
+    let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
+    c.tcp_option = false;
+    c.skip_tcp_option = peers.parse().expect("policy");
+    c.local_addr = Some(local.parse().unwrap());
+    c
+}
+
+pub fn pair() -> (Stack, Stack) {
+    pair_with(|_| {}, |_| {})
+}
+
+pub fn pair_with(
+    srv: impl FnOnce(&mut StackConfig),
+    cli: impl FnOnce(&mut StackConfig),
+) -> (Stack, Stack) {
+    init_tracing();
+    let mut s = config(SERVER_IP, CLIENT_IP);
+    srv(&mut s);
+    let mut c = config(CLIENT_IP, SERVER_IP);
+    cli(&mut c);
+    (Stack::new(s).unwrap(), Stack::new(c).unwrap())
+}
+
+pub fn listen(stack: &Stack) -> SmcListener {
+    SmcListener::bind_with(stack, (SERVER_IP, 0)).unwrap()
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+pub fn sha(b: &[u8]) -> [u8; 32] {
+    Sha256::digest(b).into()
+}
+
+/// Sends `total` bytes of the pattern in `chunk`-sized writes; returns their hash.
+pub fn send_stream(mut s: &SmcStream, seed: u64, total: usize, chunk: usize) -> [u8; 32] {
+    let data = pattern(seed, chunk.max(1) * 4);
+    let mut h = Sha256::new();
+    let mut sent = 0;
+    let mut i = 0;
+    while sent < total {
+        let n = chunk.min(total - sent);
+        let off = (i * 7919) % (data.len() - n + 1);
+        let piece = &data[off..off + n];
+        s.write_all(piece).unwrap();
+        h.update(piece);
+        sent += n;
+        i += 1;
+    }
+    h.finalize().into()
+}
+
+/// Reads until EOF or `total` bytes; returns count and hash.
+pub fn recv_stream(mut s: &SmcStream, total: usize) -> (usize, [u8; 32]) {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0;
+    while got < total {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        got += n;
+    }
+    (got, h.finalize().into())
+}
+
+/// Polls `f` until it is true or `t` passes.
+pub fn wait_until(t: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + t;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}

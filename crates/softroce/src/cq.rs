@@ -1,0 +1,179 @@
+//! Completion queues: a bounded FIFO of work completions plus ibverbs-style
+//! notification (arm once, fire on the next completion: eventfd + handler).
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, Weak};
+
+use smc_verbs::{CompletionHandler, CqOps, WcStatus, WorkCompletion};
+
+use crate::device::DevShared;
+
+struct CqInner {
+    q: VecDeque<WorkCompletion>,
+    /// `Some(solicited_only)` while armed.
+    armed: Option<bool>,
+    overflow: bool,
+}
+
+/// Shared state of a CQ (held by the QPs that complete into it).
+pub(crate) struct CqShared {
+    inner: Mutex<CqInner>,
+    efd: OwnedFd,
+    handler: Mutex<Option<CompletionHandler>>,
+    cap: usize,
+    dev: Weak<DevShared>,
+}
+
+impl CqShared {
+    pub(crate) fn new(cap: usize, dev: Weak<DevShared>) -> std::io::Result<Arc<CqShared>> {
+        // SAFETY: eventfd has no memory-safety preconditions; the result is
+        // checked before it is wrapped.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Arc::new(CqShared {
+            inner: Mutex::new(CqInner {
+                q: VecDeque::with_capacity(cap),
+                armed: None,
+                overflow: false,
+            }),
+            // SAFETY: `fd` is a fresh descriptor we own.
+            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            handler: Mutex::new(None),
+            cap,
+            dev,
+        }))
+    }
+
+    /// Adds a completion. Returns `Err(())` when the CQ is full (overflow:
+    /// the completion is lost and the caller moves its QP to ERR), else
+    /// whether the CQ must fire (call [`CqShared::fire`] after releasing
+    /// the QP lock).
+    pub(crate) fn push(&self, wc: WorkCompletion) -> Result<bool, ()> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.q.len() >= self.cap {
+            g.overflow = true;
+            return Err(());
+        }
+        g.q.push_back(wc);
+        let fire = match g.armed {
+            Some(sol_only) => !sol_only || wc.solicited || wc.status != WcStatus::Success,
+            None => false,
+        };
+        if fire {
+            g.armed = None;
+        }
+        Ok(fire)
+    }
+
+    /// Makes the event fd readable and runs the handler. Handlers run on a
+    /// provider thread: directly when called from the engine, else the
+    /// engine is asked to do it.
+    pub(crate) fn fire(self: &Arc<Self>) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+        unsafe {
+            libc::write(
+                self.efd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+        if crate::device::on_engine_thread() {
+            self.run_handler();
+        } else if let Some(dev) = self.dev.upgrade() {
+            dev.defer_fire(self.clone());
+        }
+    }
+
+    pub(crate) fn run_handler(&self) {
+        let h = self
+            .handler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(h) = h {
+            h();
+        }
+    }
+}
+
+/// A CQ handle ([`CqOps`]).
+pub(crate) struct SoftCq {
+    pub(crate) shared: Arc<CqShared>,
+    pub(crate) _dev: Arc<crate::device::DevHandle>,
+}
+
+impl CqOps for SoftCq {
+    fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut g = self.shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let n = out.len().min(g.q.len());
+        for (o, wc) in out.iter_mut().zip(g.q.drain(..n)) {
+            *o = wc;
+        }
+        n
+    }
+    fn pending(&self) -> usize {
+        self.shared
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .q
+            .len()
+    }
+    fn capacity(&self) -> usize {
+        self.shared.cap
+    }
+    fn req_notify(&self, solicited_only: bool) {
+        let fire_now = {
+            let mut g = self.shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let waiting =
+                g.q.iter()
+                    .any(|wc| !solicited_only || wc.solicited || wc.status != WcStatus::Success);
+            if waiting {
+                g.armed = None;
+            } else {
+                g.armed = Some(solicited_only);
+            }
+            waiting
+        };
+        if fire_now {
+            self.shared.fire();
+        }
+    }
+    fn event_fd(&self) -> RawFd {
+        self.shared.efd.as_raw_fd()
+    }
+    fn ack_events(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a valid u64 from our non-blocking
+        // eventfd; EAGAIN (nothing to clear) is fine.
+        unsafe {
+            libc::read(
+                self.shared.efd.as_raw_fd(),
+                &mut v as *mut u64 as *mut libc::c_void,
+                8,
+            )
+        };
+    }
+    fn set_handler(&self, handler: Option<CompletionHandler>) {
+        *self
+            .shared
+            .handler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = handler;
+    }
+    fn overflowed(&self) -> bool {
+        self.shared
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .overflow
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}

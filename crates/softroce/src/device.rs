@@ -1,0 +1,795 @@
+//! A device: one UDP socket bound to `local_ip:4791`, its QPN and key
+//! tables, and the progress engine thread that receives packets (recvmmsg),
+//! demultiplexes them by destination QPN and runs QP timers. Application
+//! threads transmit directly (sendmmsg) under their QP's lock.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use smc_verbs::{CqOps, DeviceAttr, DeviceOps, Gid, Mac, Mtu, PdOps, Result, VerbsError};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::config::Config;
+use crate::cq::{CqShared, SoftCq};
+use crate::fault::{Fate, FaultState};
+use crate::icrc::{self, IpInfo, IPV4_DF};
+use crate::mr::{MrTable, SoftPd};
+use crate::qp::QpShared;
+use crate::wire::{PacketRepr, ICRC_LEN};
+
+/// Largest UDP payload we build: 4096 payload + BTH + RETH + ImmDt + ICRC,
+/// rounded up.
+pub(crate) const SLOT: usize = 4096 + 128;
+/// Packets per sendmmsg/recvmmsg call.
+pub(crate) const BATCH: usize = 32;
+/// Longest the engine sleeps when nothing is scheduled.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// Per-thread transmit batch (allocated once per thread).
+    pub(crate) static TX: RefCell<TxBatch> = RefCell::new(TxBatch::new());
+    static IS_ENGINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True on a device's engine thread.
+pub(crate) fn on_engine_thread() -> bool {
+    IS_ENGINE.with(|c| c.get())
+}
+
+/// Device counters.
+#[derive(Default, Debug)]
+pub struct Stats {
+    /// Packets sent (after fault injection).
+    pub tx_packets: AtomicU64,
+    /// Packets received and accepted for processing.
+    pub rx_packets: AtomicU64,
+    /// Packets dropped because they did not parse.
+    pub rx_malformed: AtomicU64,
+    /// Packets dropped because their ICRC did not verify (CHECKLIST §C.2).
+    pub rx_bad_icrc: AtomicU64,
+    /// Packets whose ICRC verified only with a non-zero IPv4 ID recovered
+    /// from the CRC (e.g. from Linux rxe).
+    pub rx_icrc_id_recovered: AtomicU64,
+    /// Packets for unknown QPs.
+    pub rx_unknown_qp: AtomicU64,
+    /// Packets the fault injector dropped.
+    pub fault_dropped: AtomicU64,
+    /// sendmmsg failures (packets lost locally).
+    pub tx_errors: AtomicU64,
+}
+
+/// A batch of outgoing packets.
+pub(crate) struct TxBatch {
+    bufs: Box<[[u8; SLOT]]>,
+    lens: [usize; BATCH],
+    dsts: Vec<Option<SockAddr>>,
+    n: usize,
+}
+
+impl TxBatch {
+    fn new() -> TxBatch {
+        TxBatch {
+            bufs: vec![[0u8; SLOT]; BATCH].into_boxed_slice(),
+            lens: [0; BATCH],
+            dsts: (0..BATCH).map(|_| None).collect(),
+            n: 0,
+        }
+    }
+
+    fn next_slot(&mut self, dev: &DevShared) -> usize {
+        if self.n == BATCH {
+            self.flush(dev);
+        }
+        self.n
+    }
+
+    fn commit(&mut self, i: usize, len: usize, dst: &SockAddr) {
+        self.lens[i] = len;
+        match &mut self.dsts[i] {
+            Some(d) if d == dst => {}
+            d => *d = Some(dst.clone()),
+        }
+        self.n = i + 1;
+    }
+
+    /// Queues a copy of an already built packet.
+    pub(crate) fn push_raw(&mut self, pkt: &[u8], dst: &SockAddr, dev: &DevShared) {
+        if pkt.len() > SLOT {
+            return;
+        }
+        let i = self.next_slot(dev);
+        self.bufs[i][..pkt.len()].copy_from_slice(pkt);
+        self.commit(i, pkt.len(), dst);
+    }
+
+    /// Builds one packet in place: headers from `repr`, `payload_len`
+    /// payload bytes written by `fill`, zero pad, ICRC; then applies the
+    /// fault injector.
+    pub(crate) fn packet(
+        &mut self,
+        dev: &DevShared,
+        (dst, ip, sport, dport): (&SockAddr, &IpInfo, u16, u16),
+        fault: &mut Option<FaultState>,
+        repr: &PacketRepr,
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) {
+        let mut repr = *repr;
+        let pad = crate::wire::pad_for(payload_len);
+        repr.bth.pad_count = pad as u8;
+        let total = repr.buffer_len(payload_len);
+        if total > SLOT {
+            tracing::error!(total, "packet larger than a transmit slot");
+            return;
+        }
+        let i = self.next_slot(dev);
+        let buf = &mut self.bufs[i][..total];
+        let Ok(off) = repr.emit(buf) else { return };
+        fill(&mut buf[off..off + payload_len]);
+        buf[off + payload_len..total - ICRC_LEN].fill(0);
+        icrc::fill(ip, sport, dport, buf);
+        let fate = fault.as_mut().map(|f| f.decide()).unwrap_or(Fate::Send);
+        match fate {
+            Fate::Send => {
+                self.commit(i, total, dst);
+                if let Some(held) = fault.as_mut().and_then(|f| f.held.take()) {
+                    self.push_raw(&held, dst, dev);
+                }
+            }
+            Fate::Drop => {
+                dev.stats.fault_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Fate::Duplicate => {
+                self.commit(i, total, dst);
+                let copy: Vec<u8> = self.bufs[i][..total].to_vec();
+                self.push_raw(&copy, dst, dev);
+            }
+            Fate::Hold => {
+                if let Some(f) = fault.as_mut() {
+                    f.held = Some(self.bufs[i][..total].to_vec());
+                }
+            }
+        }
+    }
+
+    /// Sends everything queued.
+    pub(crate) fn flush(&mut self, dev: &DevShared) {
+        let mut start = 0;
+        while start < self.n {
+            let cnt = self.n - start;
+            let mut iov: [libc::iovec; BATCH] = [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; BATCH];
+            // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
+            let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+            for k in 0..cnt {
+                let i = start + k;
+                let Some(dst) = self.dsts[i].as_ref() else {
+                    continue;
+                };
+                iov[k].iov_base = self.bufs[i].as_mut_ptr() as *mut libc::c_void;
+                iov[k].iov_len = self.lens[i];
+                hdrs[k].msg_hdr.msg_name = dst.as_ptr() as *mut libc::c_void;
+                hdrs[k].msg_hdr.msg_namelen = dst.len();
+                hdrs[k].msg_hdr.msg_iov = &mut iov[k];
+                hdrs[k].msg_hdr.msg_iovlen = 1;
+            }
+            // SAFETY: `hdrs[..cnt]` point at live buffers, iovecs and
+            // socket addresses owned by `self`/this frame for the call.
+            let r =
+                unsafe { libc::sendmmsg(dev.sock.as_raw_fd(), hdrs.as_mut_ptr(), cnt as u32, 0) };
+            if r <= 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // UDP: the packet is lost; RC retransmission recovers.
+                dev.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(error = %e, "sendmmsg failed");
+                start += 1;
+            } else {
+                dev.stats.tx_packets.fetch_add(r as u64, Ordering::Relaxed);
+                start += r as usize;
+            }
+        }
+        self.n = 0;
+    }
+}
+
+/// Engine-visible device state.
+pub(crate) struct DevShared {
+    pub(crate) attr: DeviceAttr,
+    pub(crate) config: Config,
+    pub(crate) local_port: u16,
+    pub(crate) peer_port: u16,
+    pub(crate) sock: Socket,
+    pub(crate) mrs: MrTable,
+    qps: RwLock<HashMap<u32, Arc<QpShared>>>,
+    next_qpn: AtomicU32,
+    next_pd: AtomicU32,
+    epoch: Instant,
+    /// When the engine will next wake by itself (ns since epoch).
+    engine_wake_ns: AtomicU64,
+    wake_fd: OwnedFd,
+    shutdown: AtomicBool,
+    running: AtomicBool,
+    deferred: Mutex<Vec<Arc<CqShared>>>,
+    pub(crate) stats: Stats,
+}
+
+impl DevShared {
+    pub(crate) fn ns_since_epoch(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+        unsafe {
+            libc::write(
+                self.wake_fd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+    }
+
+    /// Wakes the engine if a new deadline (or work) comes before its own
+    /// planned wake-up. Called from application threads.
+    pub(crate) fn wake_if_later(&self, deadline_ns: u64, work: bool) {
+        if on_engine_thread() {
+            return;
+        }
+        let planned = self.engine_wake_ns.load(Ordering::Acquire);
+        if work || (deadline_ns != 0 && deadline_ns < planned) {
+            self.wake();
+        }
+    }
+
+    /// Runs a CQ's handler on the engine thread.
+    pub(crate) fn defer_fire(&self, cq: Arc<CqShared>) {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cq);
+        self.wake();
+    }
+
+    pub(crate) fn add_qp(&self, make: impl FnOnce(u32) -> QpShared) -> Result<Arc<QpShared>> {
+        let mut m = self.qps.write().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= self.attr.max_qp as usize {
+            return Err(VerbsError::ResourceExhausted("queue pairs"));
+        }
+        let qpn = loop {
+            let q = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            // QPN 0 and 1 are special in IBA; rxe starts at 17.
+            if q >= 17 && !m.contains_key(&q) {
+                break q;
+            }
+        };
+        let qp = Arc::new(make(qpn));
+        m.insert(qpn, qp.clone());
+        Ok(qp)
+    }
+
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        self.qps
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
+    }
+
+    fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .cloned()
+    }
+}
+
+/// Keeps the engine running while any handle (device, PD, CQ, QP, MR) is
+/// alive; the last drop stops it and closes the socket.
+pub(crate) struct DevHandle {
+    pub(crate) shared: Arc<DevShared>,
+}
+
+impl Drop for DevHandle {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake();
+    }
+}
+
+/// The device object ([`DeviceOps`]).
+pub(crate) struct SoftDevice {
+    pub(crate) handle: Arc<DevHandle>,
+}
+
+impl DeviceOps for SoftDevice {
+    fn attr(&self) -> &DeviceAttr {
+        &self.handle.shared.attr
+    }
+    fn is_active(&self) -> bool {
+        self.handle.shared.running.load(Ordering::Acquire)
+    }
+    fn alloc_pd(&self) -> Result<Arc<dyn PdOps>> {
+        let id = self.handle.shared.next_pd.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(SoftPd {
+            id,
+            dev: self.handle.clone(),
+        }))
+    }
+    fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqOps>> {
+        let max = self.handle.shared.attr.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(VerbsError::InvalidArgument("CQ size out of range"));
+        }
+        let shared = CqShared::new(cqe as usize, Arc::downgrade(&self.handle.shared))?;
+        Ok(Arc::new(SoftCq {
+            shared,
+            _dev: self.handle.clone(),
+        }))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The netdev carrying `ip`, with its MTU and MAC, from getifaddrs and
+/// sysfs.
+fn netdev_for(ip: IpAddr) -> Option<(String, usize, Option<Mac>)> {
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `ifap` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list returned by getifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-null and points at a sockaddr of the
+        // family it declares.
+        let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
+        let addr = match fam {
+            libc::AF_INET => {
+                // SAFETY: family AF_INET means a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes())
+            }
+            libc::AF_INET6 => {
+                // SAFETY: family AF_INET6 means a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                IpAddr::from(sin6.sin6_addr.s6_addr)
+            }
+            _ => continue,
+        };
+        // Loopback: 127.0.0.1/8 covers every 127.x address we may bind.
+        let matches = addr == ip
+            || (ip.is_loopback() && addr.is_loopback() && addr.is_ipv4() == ip.is_ipv4());
+        if matches {
+            // SAFETY: ifa_name is a NUL-terminated string from the kernel.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+                .to_string_lossy()
+                .into_owned();
+            found = Some(name);
+            if addr == ip {
+                break;
+            }
+        }
+    }
+    // SAFETY: freeing the list getifaddrs allocated.
+    unsafe { libc::freeifaddrs(ifap) };
+    let name = found?;
+    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1500);
+    let mac = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))
+        .ok()
+        .and_then(|s| {
+            let b: Vec<u8> = s
+                .trim()
+                .split(':')
+                .filter_map(|x| u8::from_str_radix(x, 16).ok())
+                .collect();
+            (b.len() == 6 && b.iter().any(|&x| x != 0))
+                .then(|| Mac([b[0], b[1], b[2], b[3], b[4], b[5]]))
+        });
+    Some((name, mtu, mac))
+}
+
+/// A locally administered MAC derived from the address (for netdevs
+/// without one, e.g. loopback).
+fn derived_mac(ip: IpAddr) -> Mac {
+    let g = Gid::from_ip(ip).0;
+    Mac([0x02, 0x00, g[12], g[13], g[14], g[15]])
+}
+
+static DEV_INDEX: AtomicU32 = AtomicU32::new(0);
+
+fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> bool {
+    // SAFETY: passing a valid pointer to an int of the stated size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as u32,
+        ) == 0
+    }
+}
+
+/// Opens a device bound to `local` and starts its engine.
+pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
+    let port = config.udp_port.unwrap_or(4791);
+    let peer_port = config.peer_port.unwrap_or(4791);
+    let domain = if local.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    let fd = sock.as_raw_fd();
+    if local.is_ipv4() {
+        // verifiers.md fact 6: with DF set, Linux sends ID 0 on an
+        // unconnected UDP socket, which is what our ICRC assumes.
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        );
+    } else {
+        sock.set_only_v6(true)?;
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        );
+    }
+    // Large buffers absorb bursts of a full send window; FORCE works as
+    // root, else fall back to the capped variant.
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        let size = 8 << 20;
+        if !setsockopt_int(fd, libc::SOL_SOCKET, force, size) {
+            setsockopt_int(fd, libc::SOL_SOCKET, plain, size);
+        }
+    }
+    sock.bind(&SocketAddr::new(local, port).into())?;
+    let (netdev, mtu, mac) = match netdev_for(local) {
+        Some((n, m, mac)) => (Some(n), m, mac),
+        None => (None, 1500, None),
+    };
+    // RoCEv2 overhead: IP (20/40) + UDP 8 + BTH 12 + RETH 16 + ICRC 4.
+    let overhead = if local.is_ipv4() { 20 } else { 40 } + 8 + 12 + 16 + 4;
+    let mut active_mtu = Mtu::largest_fitting(mtu.saturating_sub(overhead)).unwrap_or(Mtu::Mtu256);
+    if let Some(cap) = config.max_mtu {
+        active_mtu = active_mtu.min(cap);
+    }
+    // SAFETY: eventfd has no preconditions; checked below.
+    let wfd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if wfd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let idx = DEV_INDEX.fetch_add(1, Ordering::Relaxed);
+    let attr = DeviceAttr {
+        name: format!("sroce{idx}"),
+        provider: "softroce".into(),
+        local_addr: local,
+        gid: Gid::from_ip(local),
+        mac: mac.unwrap_or_else(|| derived_mac(local)),
+        netdev,
+        active_mtu,
+        max_qp: 4096,
+        max_qp_wr: 16384,
+        max_sge: crate::qp::MAX_SGE as u32,
+        max_cqe: 1 << 20,
+        max_mr: 1 << 16,
+        max_inline_data: crate::qp::MAX_INLINE as u32,
+        max_qp_rd_atom: 16,
+    };
+    let shared = Arc::new(DevShared {
+        attr,
+        config: config.clone(),
+        local_port: port,
+        peer_port,
+        sock,
+        mrs: MrTable::default(),
+        qps: RwLock::new(HashMap::new()),
+        next_qpn: AtomicU32::new(17),
+        next_pd: AtomicU32::new(1),
+        epoch: Instant::now(),
+        engine_wake_ns: AtomicU64::new(0),
+        // SAFETY: `wfd` is a fresh descriptor we own.
+        wake_fd: unsafe { OwnedFd::from_raw_fd(wfd) },
+        shutdown: AtomicBool::new(false),
+        running: AtomicBool::new(true),
+        deferred: Mutex::new(Vec::new()),
+        stats: Stats::default(),
+    });
+    let eng = shared.clone();
+    std::thread::Builder::new()
+        .name(format!("{}-engine", shared.attr.name))
+        .spawn(move || engine(eng))?;
+    tracing::info!(name = %shared.attr.name, %local, port, mtu = shared.attr.active_mtu.bytes(), "softroce device open");
+    Ok(smc_verbs::Device(Arc::new(SoftDevice {
+        handle: Arc::new(DevHandle { shared }),
+    })))
+}
+
+/// Device statistics of a softroce device handle.
+pub fn stats(dev: &smc_verbs::Device) -> Option<&Stats> {
+    dev.0
+        .as_any()
+        .downcast_ref::<SoftDevice>()
+        .map(|d| &d.handle.shared.stats)
+}
+
+struct RxBatch {
+    bufs: Box<[[u8; SLOT]]>,
+    addrs: Box<[libc::sockaddr_storage; BATCH]>,
+}
+
+fn sockaddr_ip(sa: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
+    match sa.ss_family as i32 {
+        libc::AF_INET => {
+            // SAFETY: family AF_INET means the storage holds a sockaddr_in.
+            let sin = unsafe { &*(sa as *const _ as *const libc::sockaddr_in) };
+            Some((
+                IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()),
+                u16::from_be(sin.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: family AF_INET6 means a sockaddr_in6.
+            let sin6 = unsafe { &*(sa as *const _ as *const libc::sockaddr_in6) };
+            Some((
+                IpAddr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+            ))
+        }
+        _ => None,
+    }
+}
+
+fn engine(dev: Arc<DevShared>) {
+    IS_ENGINE.with(|c| c.set(true));
+    let mut rx = RxBatch {
+        bufs: vec![[0u8; SLOT]; BATCH].into_boxed_slice(),
+        // SAFETY: sockaddr_storage is plain old data.
+        addrs: Box::new(unsafe { std::mem::zeroed() }),
+    };
+    let mut touched: Vec<Arc<QpShared>> = Vec::with_capacity(BATCH);
+    let mut service: Vec<Arc<QpShared>> = Vec::new();
+    let mut fire: Vec<Arc<CqShared>> = Vec::new();
+    while !dev.shutdown.load(Ordering::Acquire) {
+        // Timers and pending work.
+        let now = Instant::now();
+        let now_ns = dev.ns_since_epoch(now);
+        let mut next_ns = now_ns + IDLE_WAIT.as_nanos() as u64;
+        let mut busy = false;
+        {
+            let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
+            for qp in qps.values() {
+                let d = qp.deadline.load(Ordering::Acquire);
+                let w = qp.work.load(Ordering::Acquire);
+                if w || (d != 0 && d <= now_ns) {
+                    service.push(qp.clone());
+                } else if d != 0 {
+                    next_ns = next_ns.min(d);
+                }
+            }
+        }
+        for qp in service.drain(..) {
+            qp.service();
+            busy |= qp.work.load(Ordering::Acquire);
+            let d = qp.deadline.load(Ordering::Acquire);
+            if d != 0 {
+                next_ns = next_ns.min(d);
+            }
+        }
+        std::mem::swap(
+            &mut fire,
+            &mut dev.deferred.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        for cq in fire.drain(..) {
+            cq.run_handler();
+        }
+        // Sleep until a packet, a wake-up or the next deadline.
+        let timeout_ms = if busy {
+            0
+        } else {
+            let now_ns = dev.ns_since_epoch(Instant::now());
+            (next_ns.saturating_sub(now_ns))
+                .div_ceil(1_000_000)
+                .min(i32::MAX as u64) as i32
+        };
+        dev.engine_wake_ns
+            .store(if busy { 0 } else { next_ns }, Ordering::Release);
+        let mut pfd = [
+            libc::pollfd {
+                fd: dev.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: dev.wake_fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfds for the duration of the call.
+        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout_ms) };
+        dev.engine_wake_ns.store(0, Ordering::Release);
+        if r < 0 {
+            continue;
+        }
+        if pfd[1].revents != 0 {
+            let mut v: u64 = 0;
+            // SAFETY: reading 8 bytes into a u64 from our eventfd.
+            unsafe {
+                libc::read(
+                    dev.wake_fd.as_raw_fd(),
+                    &mut v as *mut u64 as *mut libc::c_void,
+                    8,
+                )
+            };
+        }
+        if pfd[0].revents == 0 {
+            continue;
+        }
+        // Drain the socket in batches.
+        loop {
+            let n = recv_batch(&dev, &mut rx);
+            for i in 0..n.len {
+                handle_packet(&dev, &rx, i, n.lens[i], &mut touched);
+            }
+            for qp in touched.drain(..) {
+                qp.after_batch();
+            }
+            if n.len < BATCH {
+                break;
+            }
+        }
+    }
+    dev.running.store(false, Ordering::Release);
+    tracing::debug!(name = %dev.attr.name, "engine stopped");
+}
+
+struct RecvResult {
+    len: usize,
+    lens: [usize; BATCH],
+}
+
+fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
+    let mut iov: [libc::iovec; BATCH] = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; BATCH];
+    // SAFETY: mmsghdr is plain old data.
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+    for i in 0..BATCH {
+        iov[i].iov_base = rx.bufs[i].as_mut_ptr() as *mut libc::c_void;
+        iov[i].iov_len = SLOT;
+        hdrs[i].msg_hdr.msg_name = &mut rx.addrs[i] as *mut _ as *mut libc::c_void;
+        hdrs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+        hdrs[i].msg_hdr.msg_iov = &mut iov[i];
+        hdrs[i].msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: every header points at buffers owned by `rx`/this frame.
+    let r = unsafe {
+        libc::recvmmsg(
+            dev.sock.as_raw_fd(),
+            hdrs.as_mut_ptr(),
+            BATCH as u32,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    let mut out = RecvResult {
+        len: 0,
+        lens: [0; BATCH],
+    };
+    if r > 0 {
+        out.len = r as usize;
+        for (l, h) in out.lens.iter_mut().zip(&hdrs[..r as usize]) {
+            // A truncated datagram is larger than any valid packet.
+            *l = if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                0
+            } else {
+                h.msg_len as usize
+            };
+        }
+    }
+    out
+}
+
+/// Checks the ICRC of a received packet (see [`crate::icrc`] for the IPv4
+/// identification problem).
+fn icrc_ok(dev: &DevShared, src: IpAddr, sport: u16, pkt: &[u8]) -> bool {
+    let local = dev.attr.local_addr;
+    match (src, local) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let ip = IpInfo::V4 {
+                src: s,
+                dst: d,
+                id: 0,
+                flags_frag: IPV4_DF,
+            };
+            if icrc::verify(&ip, sport, dev.local_port, pkt) {
+                return true;
+            }
+            if icrc::recover_ipv4_id(&ip, sport, dev.local_port, pkt).is_some() {
+                dev.stats
+                    .rx_icrc_id_recovered
+                    .fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+            false
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            icrc::verify(&IpInfo::V6 { src: s, dst: d }, sport, dev.local_port, pkt)
+        }
+        _ => false,
+    }
+}
+
+fn handle_packet(
+    dev: &DevShared,
+    rx: &RxBatch,
+    i: usize,
+    len: usize,
+    touched: &mut Vec<Arc<QpShared>>,
+) {
+    let pkt = &rx.bufs[i][..len];
+    let Some((src, sport)) = sockaddr_ip(&rx.addrs[i]) else {
+        return;
+    };
+    let src = match src {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    let parsed = match PacketRepr::parse(pkt) {
+        Ok(p) => p,
+        Err(e) => {
+            dev.stats.rx_malformed.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(error = %e, "dropping malformed packet");
+            return;
+        }
+    };
+    if !icrc_ok(dev, src, sport, pkt) {
+        dev.stats.rx_bad_icrc.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(%src, "dropping packet with bad ICRC");
+        return;
+    }
+    let Some(qp) = dev.qp(parsed.repr.bth.dest_qp) else {
+        dev.stats.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    dev.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
+    qp.on_packet(&parsed, pkt, src);
+    if !touched.iter().any(|t| Arc::ptr_eq(t, &qp)) {
+        touched.push(qp);
+    }
+}

@@ -1,0 +1,314 @@
+//! The RoCEv2 invariant CRC (ICRC).
+//!
+//! verifiers.md fact 5 (checked against rxe and scapy): the ICRC is the
+//! Ethernet CRC-32 (reflected, init and xorout 0xFFFFFFFF, i.e. `crc32fast`)
+//! over `8 × 0xFF ‖ IP header ‖ UDP header ‖ BTH ‖ rest of the packet`, with
+//! the variant fields set to all ones: IPv4 TOS, TTL and header checksum;
+//! IPv6 traffic class, flow label and hop limit; the UDP checksum; BTH byte
+//! 4 (FECN/BECN/resv8a). It is transmitted least significant byte first.
+//!
+//! A UDP socket does not show the IP header, so the header is rebuilt from
+//! what the socket knows (addresses, ports, lengths) plus the two IPv4
+//! fields the ICRC covers unmasked: flags/fragment offset and the
+//! identification. verifiers.md fact 6: an unconnected UDP socket with
+//! `IP_PMTUDISC_DO` sends with DF set and ID 0, so that is what we compute
+//! with when sending. Receivers cannot see the ID of an incoming packet;
+//! [`recover_ipv4_id`] recovers it from the ICRC itself (the CRC is linear,
+//! so the 16 ID bits contribute an invertible 32-bit term), which lets us
+//! accept packets from Linux rxe, whose IDs are not 0.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::OnceLock;
+
+/// What the ICRC needs to know about the IP/UDP headers around a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpInfo {
+    /// IPv4.
+    V4 {
+        /// Source address.
+        src: Ipv4Addr,
+        /// Destination address.
+        dst: Ipv4Addr,
+        /// Identification field.
+        id: u16,
+        /// Flags and fragment offset (0x4000 = DF).
+        flags_frag: u16,
+    },
+    /// IPv6.
+    V6 {
+        /// Source address.
+        src: Ipv6Addr,
+        /// Destination address.
+        dst: Ipv6Addr,
+    },
+}
+
+/// IPv4 flags word with DF set, as our sockets send (IP_PMTUDISC_DO).
+pub const IPV4_DF: u16 = 0x4000;
+
+/// Length of the masked pseudo headers we prepend (without the 8 × 0xFF).
+fn pseudo_header(
+    ip: &IpInfo,
+    sport: u16,
+    dport: u16,
+    udp_payload_len: usize,
+    out: &mut [u8; 48],
+) -> usize {
+    let udp_len = (udp_payload_len + 8) as u16;
+    let n = match *ip {
+        IpInfo::V4 {
+            src,
+            dst,
+            id,
+            flags_frag,
+        } => {
+            let total = udp_len.wrapping_add(20);
+            out[0] = 0x45;
+            out[1] = 0xff; // TOS masked
+            out[2..4].copy_from_slice(&total.to_be_bytes());
+            out[4..6].copy_from_slice(&id.to_be_bytes());
+            out[6..8].copy_from_slice(&flags_frag.to_be_bytes());
+            out[8] = 0xff; // TTL masked
+            out[9] = 17;
+            out[10] = 0xff; // header checksum masked
+            out[11] = 0xff;
+            out[12..16].copy_from_slice(&src.octets());
+            out[16..20].copy_from_slice(&dst.octets());
+            20
+        }
+        IpInfo::V6 { src, dst } => {
+            // Version 6, traffic class and flow label all ones.
+            out[0] = 0x6f;
+            out[1] = 0xff;
+            out[2] = 0xff;
+            out[3] = 0xff;
+            out[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            out[6] = 17;
+            out[7] = 0xff; // hop limit masked
+            out[8..24].copy_from_slice(&src.octets());
+            out[24..40].copy_from_slice(&dst.octets());
+            40
+        }
+    };
+    out[n..n + 2].copy_from_slice(&sport.to_be_bytes());
+    out[n + 2..n + 4].copy_from_slice(&dport.to_be_bytes());
+    out[n + 4..n + 6].copy_from_slice(&udp_len.to_be_bytes());
+    out[n + 6] = 0xff; // UDP checksum masked
+    out[n + 7] = 0xff;
+    n + 8
+}
+
+/// Computes the ICRC of a UDP payload `pkt` = `BTH ‖ … ‖ pad ‖ ICRC`; the
+/// last 4 bytes (the ICRC slot) are not covered.
+pub fn compute(ip: &IpInfo, sport: u16, dport: u16, pkt: &[u8]) -> u32 {
+    let mut ph = [0u8; 48];
+    let n = pseudo_header(ip, sport, dport, pkt.len(), &mut ph);
+    let body = &pkt[..pkt.len().saturating_sub(4)];
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xff; 8]);
+    h.update(&ph[..n]);
+    if body.len() >= 12 {
+        let mut bth = [0u8; 12];
+        bth.copy_from_slice(&body[..12]);
+        bth[4] = 0xff; // FECN/BECN/resv8a masked
+        h.update(&bth);
+        h.update(&body[12..]);
+    } else {
+        h.update(body);
+    }
+    h.finalize()
+}
+
+/// Writes the ICRC into the last 4 bytes of `pkt` (little-endian).
+pub fn fill(ip: &IpInfo, sport: u16, dport: u16, pkt: &mut [u8]) {
+    let c = compute(ip, sport, dport, pkt);
+    let n = pkt.len();
+    if n >= 4 {
+        pkt[n - 4..].copy_from_slice(&c.to_le_bytes());
+    }
+}
+
+/// The ICRC carried in the packet.
+pub fn carried(pkt: &[u8]) -> Option<u32> {
+    let n = pkt.len();
+    (n >= 4).then(|| u32::from_le_bytes([pkt[n - 4], pkt[n - 3], pkt[n - 2], pkt[n - 1]]))
+}
+
+/// True if the packet's ICRC matches `ip` exactly.
+pub fn verify(ip: &IpInfo, sport: u16, dport: u16, pkt: &[u8]) -> bool {
+    carried(pkt) == Some(compute(ip, sport, dport, pkt))
+}
+
+/// For an IPv4 packet whose identification field we could not see: finds
+/// the ID for which the ICRC verifies (the candidate `ip` is used for every
+/// other field). Returns `None` if no ID makes it verify, i.e. the packet is
+/// corrupt (or its DF flag differs).
+///
+/// CRC-32 is affine over GF(2): for messages of equal length,
+/// `crc(m ⊕ e) = crc(m) ⊕ L(e)` with `L` linear. The ID sits at a fixed
+/// offset, so `carried ⊕ crc(m with ID 0)` must equal `L(id)`, a linear map
+/// from 16 bits to 32 bits that is injective (CRC-32 detects all bursts of
+/// ≤ 32 bits). We build the 16 basis images `L(1 << i)` for this packet
+/// length and solve by Gaussian elimination.
+pub fn recover_ipv4_id(ip: &IpInfo, sport: u16, dport: u16, pkt: &[u8]) -> Option<u16> {
+    let IpInfo::V4 {
+        src,
+        dst,
+        flags_frag,
+        ..
+    } = *ip
+    else {
+        return None;
+    };
+    let zero = IpInfo::V4 {
+        src,
+        dst,
+        id: 0,
+        flags_frag,
+    };
+    let syndrome = carried(pkt)? ^ compute(&zero, sport, dport, pkt);
+    if syndrome == 0 {
+        return Some(0);
+    }
+    // Bytes covered after the ID field: rest of the IPv4 header (14) + UDP
+    // (8) + packet without its ICRC.
+    let trailing = 14 + 8 + pkt.len().checked_sub(4)?;
+    let basis = id_basis(trailing);
+    solve(&basis, syndrome)
+}
+
+/// `L(1 << i)` for i in 0..16: the raw CRC (no init, no xorout) of the
+/// 2-byte ID pattern followed by `trailing` zero bytes.
+fn id_basis(trailing: usize) -> [u32; 16] {
+    let mut out = [0u32; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        let id = 1u16 << i;
+        let mut c = raw_crc_update(0, &id.to_be_bytes());
+        c = shift_zeros(c, trailing);
+        *o = c;
+    }
+    out
+}
+
+const POLY: u32 = 0xedb8_8320; // reflected 0x04C11DB7
+
+fn raw_crc_update(mut c: u32, data: &[u8]) -> u32 {
+    for &b in data {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
+        }
+    }
+    c
+}
+
+/// Matrices advancing a raw CRC state over 2^k zero bytes, k = 0..32.
+fn zero_ops() -> &'static [[u32; 32]; 32] {
+    static OPS: OnceLock<[[u32; 32]; 32]> = OnceLock::new();
+    OPS.get_or_init(|| {
+        let mut ops = [[0u32; 32]; 32];
+        // One zero byte: column j is the state after feeding a zero byte to
+        // the state with only bit j set.
+        for (j, col) in ops[0].iter_mut().enumerate() {
+            *col = raw_crc_update(1 << j, &[0]);
+        }
+        for k in 1..32 {
+            let prev = ops[k - 1];
+            for j in 0..32 {
+                ops[k][j] = mat_apply(&prev, prev[j]);
+            }
+        }
+        ops
+    })
+}
+
+fn mat_apply(m: &[u32; 32], v: u32) -> u32 {
+    let mut r = 0;
+    let mut v = v;
+    let mut j = 0;
+    while v != 0 {
+        if v & 1 != 0 {
+            r ^= m[j];
+        }
+        v >>= 1;
+        j += 1;
+    }
+    r
+}
+
+fn shift_zeros(mut c: u32, n: usize) -> u32 {
+    let ops = zero_ops();
+    let mut k = 0;
+    let mut n = n;
+    while n != 0 {
+        if n & 1 != 0 {
+            c = mat_apply(&ops[k], c);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    c
+}
+
+/// Solves `XOR_{i: x_i = 1} basis[i] = target` for a 16-bit `x`.
+fn solve(basis: &[u32; 16], target: u32) -> Option<u16> {
+    // Rows: (vector, combination of original basis bits).
+    let mut rows: [(u32, u16); 16] = [(0, 0); 16];
+    for (i, r) in rows.iter_mut().enumerate() {
+        *r = (basis[i], 1 << i);
+    }
+    let mut t = (target, 0u16);
+    let mut rank = 0;
+    for bit in (0..32).rev() {
+        let mask = 1u32 << bit;
+        let Some(p) = (rank..16).find(|&r| rows[r].0 & mask != 0) else {
+            continue;
+        };
+        rows.swap(rank, p);
+        let pivot = rows[rank];
+        for (r, row) in rows.iter_mut().enumerate() {
+            if r != rank && row.0 & mask != 0 {
+                row.0 ^= pivot.0;
+                row.1 ^= pivot.1;
+            }
+        }
+        if t.0 & mask != 0 {
+            t.0 ^= pivot.0;
+            t.1 ^= pivot.1;
+        }
+        rank += 1;
+        if rank == 16 {
+            break;
+        }
+    }
+    (t.0 == 0).then_some(t.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovers_any_id() {
+        let mut pkt = vec![0u8; 64];
+        for (i, b) in pkt.iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(7);
+        }
+        pkt[0] = 0x04;
+        for id in [0u16, 1, 0x8000, 0x1234, 0xffff, 0x363a] {
+            let ip = IpInfo::V4 {
+                src: Ipv4Addr::new(10, 0, 0, 1),
+                dst: Ipv4Addr::new(10, 0, 0, 2),
+                id,
+                flags_frag: IPV4_DF,
+            };
+            fill(&ip, 1234, 4791, &mut pkt);
+            assert!(verify(&ip, 1234, 4791, &pkt));
+            assert_eq!(recover_ipv4_id(&ip, 1234, 4791, &pkt), Some(id));
+            // Any single corrupted bit in the body is detected.
+            pkt[20] ^= 0x10;
+            assert_eq!(recover_ipv4_id(&ip, 1234, 4791, &pkt), None);
+            pkt[20] ^= 0x10;
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Protection domains and memory regions.
+//!
+//! Keys: the lkey and rkey of a region are equal. The low 8 bits are a
+//! random "key" byte and the upper 24 bits an index, so a deregistered
+//! region's rkey does not name a later region (CHECKLIST §C.6 RK-C1 (a)),
+//! and a peer cannot guess rkeys from one another.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+use smc_verbs::{AccessFlags, MrOps, PdOps, QpInitAttr, QpOps, RdmaBuffer, Result, VerbsError};
+
+use crate::device::DevHandle;
+
+/// A registered region, shared by the MR handle, the key table and any
+/// work request that refers to it.
+#[derive(Debug)]
+pub(crate) struct MrEntry {
+    pub(crate) buf: Arc<RdmaBuffer>,
+    /// Offset of the region's first byte inside `buf`.
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+    /// I/O virtual address of the first byte.
+    pub(crate) iova: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) pd: u32,
+    pub(crate) key: u32,
+}
+
+impl MrEntry {
+    /// Buffer offset of `[va, va+len)` if it lies inside the region.
+    pub(crate) fn range(&self, va: u64, len: u64) -> Option<usize> {
+        let start = va.checked_sub(self.iova)?;
+        let end = start.checked_add(len)?;
+        (end <= self.len as u64).then(|| self.base + start as usize)
+    }
+}
+
+/// The device's key → region table.
+#[derive(Default)]
+pub(crate) struct MrTable {
+    map: RwLock<HashMap<u32, Arc<MrEntry>>>,
+    next_index: AtomicU32,
+}
+
+impl MrTable {
+    pub(crate) fn lookup(&self, key: u32) -> Option<Arc<MrEntry>> {
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+    /// A region of this device covering `[addr, addr+len)`: the one named
+    /// by `lkey` if it does, else any (for INLINE, where lkeys are not
+    /// checked). Returns the buffer offset.
+    pub(crate) fn find_covering(
+        &self,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+    ) -> Option<(Arc<MrEntry>, usize)> {
+        let m = self.map.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(mr) = m.get(&lkey) {
+            if let Some(off) = mr.range(addr, len) {
+                return Some((mr.clone(), off));
+            }
+        }
+        m.values()
+            .find_map(|mr| mr.range(addr, len).map(|off| (mr.clone(), off)))
+    }
+
+    fn insert(&self, mut e: MrEntry, max: usize) -> Result<Arc<MrEntry>> {
+        let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= max {
+            return Err(VerbsError::ResourceExhausted("memory regions"));
+        }
+        loop {
+            let idx = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            let key = (idx << 8) | (random_u32() & 0xff);
+            if key != 0 && !m.contains_key(&key) {
+                e.key = key;
+                break;
+            }
+        }
+        let e = Arc::new(e);
+        m.insert(e.key, e.clone());
+        Ok(e)
+    }
+    fn remove(&self, key: u32) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    }
+}
+
+/// A random 32-bit value (rkey bytes, initial index).
+pub(crate) fn random_u32() -> u32 {
+    let mut v = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `v`.
+    let n = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 4, 0) };
+    if n == 4 {
+        u32::from_ne_bytes(v)
+    } else {
+        // Fall back to the clock; unpredictability is a defence in depth,
+        // the PD check is the protection.
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0x5eed)
+    }
+}
+
+/// Protection domain ([`PdOps`]).
+pub(crate) struct SoftPd {
+    pub(crate) id: u32,
+    pub(crate) dev: Arc<DevHandle>,
+}
+
+impl PdOps for SoftPd {
+    fn reg_mr(
+        &self,
+        buf: Arc<RdmaBuffer>,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Box<dyn MrOps>> {
+        if !buf.contains(offset, len) {
+            return Err(VerbsError::InvalidArgument("region outside the buffer"));
+        }
+        // ibverbs: remote write/atomic access requires local write.
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(VerbsError::InvalidArgument(
+                "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
+            ));
+        }
+        let shared = &self.dev.shared;
+        let entry = shared.mrs.insert(
+            MrEntry {
+                iova: buf.addr() + offset as u64,
+                buf,
+                base: offset,
+                len,
+                access,
+                pd: self.id,
+                key: 0,
+            },
+            shared.attr.max_mr as usize,
+        )?;
+        Ok(Box::new(SoftMr {
+            entry,
+            dev: self.dev.clone(),
+        }))
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
+        crate::qp::create(self, attr)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Memory region handle ([`MrOps`]); dropping it deregisters the region.
+pub(crate) struct SoftMr {
+    entry: Arc<MrEntry>,
+    dev: Arc<DevHandle>,
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        self.dev.shared.mrs.remove(self.entry.key);
+    }
+}
+
+impl MrOps for SoftMr {
+    fn lkey(&self) -> u32 {
+        self.entry.key
+    }
+    fn rkey(&self) -> u32 {
+        self.entry.key
+    }
+    fn addr(&self) -> u64 {
+        self.entry.iova
+    }
+    fn len(&self) -> usize {
+        self.entry.len
+    }
+    fn access(&self) -> AccessFlags {
+        self.entry.access
+    }
+    fn buffer(&self) -> &Arc<RdmaBuffer> {
+        &self.entry.buf
+    }
+}
