@@ -5,7 +5,7 @@
 
 use crate::bench::{fmt_rate, fmt_size};
 use crate::harness::{self, Exchange, LatencySummary, Server, ServerRecord};
-use crate::net::{ConnMode, Listener, Net};
+use crate::net::{Listener, Net};
 use anyhow::{bail, Context, Result};
 use std::fmt::Write;
 
@@ -68,18 +68,11 @@ where
     })
 }
 
-fn mode_line(m: &ConnMode) -> String {
-    match &m.link_group {
-        Some(l) => format!("{m} [link group {l}]"),
-        None => m.to_string(),
-    }
-}
-
 /// The demo's report.
 pub fn render(smc: &Side, tcp: &Side, bytes: u64) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "client connection: {}", mode_line(&smc.exchange.mode));
-    let _ = writeln!(o, "server connection: {}", mode_line(&smc.server.mode));
+    let _ = writeln!(o, "client connection: {}", smc.exchange.mode);
+    let _ = writeln!(o, "server connection: {}", smc.server.mode);
     let _ = writeln!(o);
     for s in [smc, tcp] {
         let secs = s.exchange.elapsed.as_secs_f64();

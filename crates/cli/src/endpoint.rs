@@ -64,6 +64,10 @@ pub struct ListenArgs {
 pub struct ConnectArgs {
     /// Address to connect to, e.g. 127.0.0.2:5000.
     pub addr: String,
+    /// Local address to connect from (and to open the RDMA device on), e.g. 127.0.0.3;
+    /// default: the one the kernel picks.
+    #[arg(long, value_name = "IP")]
+    pub bind: Option<std::net::IpAddr>,
     /// Instead of stdin: send N bytes of a seeded pseudo-random stream (e.g. 1G, 64K),
     /// half-close, read to the end and print both byte counts and SHA-256s on stdout.
     #[arg(long, value_name = "N")]
@@ -419,6 +423,7 @@ mod tests {
     fn connect_args(addr: String) -> ConnectArgs {
         ConnectArgs {
             addr,
+            bind: None,
             send_bytes: Some("200K".into()),
             seed: 4,
             expect_echo: true,

@@ -2,6 +2,9 @@
 //! (`listen`, `connect`, `bench`, `demo`, `bpf`) are added with one line in `main.rs`.
 //!
 //! - [`decode`]: `smc decode FILE.pcap`, one line per SMC message in a capture.
+//! - [`smc_cmd`]: `smc listen`, `smc connect`, `smc demo`, `smc bench` over the `smc`
+//!   runtime, built from the transport-generic [`endpoint`], [`demo`], [`bench`] and
+//!   [`harness`] (which the unit tests run over kernel TCP), [`net`], [`payload`], [`signal`].
 //! - [`capture`], [`extract`], [`roce`]: reading captures, finding the TCP option, CLC
 //!   messages in TCP streams and LLC/CDC messages in RoCEv2 SENDs (used by `decode` and by
 //!   the golden-vector tests).
@@ -17,3 +20,4 @@ pub mod net;
 pub mod payload;
 pub mod roce;
 pub mod signal;
+pub mod smc_cmd;

@@ -17,20 +17,39 @@ struct Cli {
 enum Command {
     /// Print every SMC message (TCP option, CLC, LLC, CDC) in a pcap/pcapng capture.
     Decode(smc_cli::decode::Args),
+    /// Listen for SMC connections: netcat-like (stdin/stdout), or --echo / --sink.
+    Listen(smc_cli::endpoint::ListenArgs),
+    /// Connect with SMC: netcat-like (stdin/stdout), or --send-bytes with hash checks.
+    Connect(smc_cli::endpoint::ConnectArgs),
+    /// SMC-R between two stacks in this process, verified, beside kernel TCP.
+    Demo(smc_cli::smc_cmd::DemoArgs),
+    /// Throughput, latency and connection rate: SMC-R vs kernel TCP, with the targets.
+    Bench(smc_cli::smc_cmd::BenchArgs),
     /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
     #[command(subcommand)]
     Bpf(smc_bpf::cli::BpfCommand),
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // demo and bench configure the TCP-option override themselves and say so; the
+    // per-connection warning about it would only bury their report.
+    let default_filter = match cli.command {
+        Command::Demo(_) | Command::Bench(_) => "warn,smc_bpf::policy=error",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+            EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Decode(args) => smc_cli::decode::command(&args),
+        Command::Listen(args) => smc_cli::smc_cmd::listen(&args),
+        Command::Connect(args) => smc_cli::smc_cmd::connect(&args),
+        Command::Demo(args) => smc_cli::smc_cmd::demo(&args),
+        Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();
             match smc_bpf::cli::run(cmd) {
