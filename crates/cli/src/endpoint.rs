@@ -261,6 +261,7 @@ pub fn connect<N: Net>(net: &N, args: &ConnectArgs, inspect: &dyn Inspect) -> Re
         None => None,
     };
     let check = Check {
+        addr,
         len,
         expect,
         echo: args.expect_echo,
@@ -301,6 +302,7 @@ pub fn connect<N: Net>(net: &N, args: &ConnectArgs, inspect: &dyn Inspect) -> Re
 }
 
 struct Check {
+    addr: SocketAddr,
     len: u64,
     expect: Option<[u8; 32]>,
     echo: bool,
@@ -312,7 +314,7 @@ impl Check {
     /// Prints one connection's result line; false when it fails a check.
     fn report<S: Stream>(&self, i: usize, s: &S, r: io::Result<(Moved, Moved)>) -> bool {
         let mode = s.mode();
-        let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let peer = s.peer_addr().unwrap_or(self.addr);
         note(self.quiet, format!("connected to {peer}: {mode}"));
         let mut o = io::stdout().lock();
         let (sent, got) = match r {

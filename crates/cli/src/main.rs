@@ -3,6 +3,7 @@
 //! variant here plus a match arm.
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
@@ -32,10 +33,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // demo and bench configure the TCP-option override themselves and say so; the
-    // per-connection warning about it would only bury their report.
+    // The SMC commands say once that the TCP-option override is in use (demo and bench
+    // set it themselves); smc-bpf's warning on every connection would bury their output.
     let default_filter = match cli.command {
-        Command::Demo(_) | Command::Bench(_) => "warn,smc_bpf::policy=error",
+        Command::Listen(_) | Command::Connect(_) | Command::Demo(_) | Command::Bench(_) => {
+            "warn,smc_bpf::policy=error"
+        }
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
             EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match cli.command {
         Command::Decode(args) => smc_cli::decode::command(&args),

@@ -211,9 +211,26 @@ fn stats_on_signal(inspect: &'static StackInspect<'static>) {
     }
 }
 
+/// Says once that the override policy is on (it is outside RFC 7609).
+fn note_policy(quiet: bool) {
+    if quiet {
+        return;
+    }
+    if let Ok(v) = std::env::var(smc_bpf::POLICY_ENV) {
+        if !v.trim().is_empty() {
+            eprintln!(
+                "note: {}={v}: CLC is tried without the TCP option with these peers \
+                 (outside RFC 7609)",
+                smc_bpf::POLICY_ENV
+            );
+        }
+    }
+}
+
 /// `smc listen`.
 pub fn listen(args: &ListenArgs) -> ExitCode {
     let _ = crate::signal::block_sigusr1();
+    note_policy(args.quiet);
     let stack = Stack::global();
     static INSPECT: std::sync::OnceLock<StackInspect<'static>> = std::sync::OnceLock::new();
     let inspect = INSPECT.get_or_init(|| StackInspect(Stack::global()));
@@ -226,6 +243,7 @@ pub fn listen(args: &ListenArgs) -> ExitCode {
 /// `smc connect`.
 pub fn connect(args: &ConnectArgs) -> ExitCode {
     let _ = crate::signal::block_sigusr1();
+    note_policy(args.quiet);
     let own;
     let stack = match args.bind {
         None => Stack::global(),
