@@ -5,7 +5,7 @@
 //! ≥ 0.5× TCP) reported as met or not met — reported, never asserted.
 
 use crate::harness::{self, LatencySummary, Server};
-use crate::net::{Listener, ModeKind, Net};
+use crate::net::{Listener, ModeKind, Net, Stream};
 use serde::Serialize;
 use std::io;
 use std::time::Duration;
@@ -42,36 +42,38 @@ impl Default for Plan {
 pub struct PingPong {
     /// Message size in bytes.
     pub size: u32,
-    /// Round-trip times.
-    #[serde(flatten)]
-    pub rtt: LatencySummary,
+    /// Round-trip times (`None`: the measurement failed, see `errors`).
+    pub rtt: Option<LatencySummary>,
 }
 
-/// Everything measured over one transport.
+/// Everything measured over one transport. A metric that could not be measured is
+/// `None`, with the reason in `errors`; the others are still reported.
 #[derive(Clone, Debug, Serialize)]
 pub struct TransportReport {
     /// "SMC-R" or "TCP".
     pub transport: String,
-    /// Mode of the bulk connection (client side).
+    /// Mode of the first connection (client side).
     pub mode: String,
     /// Whether every measured connection had the expected mode (SMC-R for the SMC side).
     pub all_expected_mode: bool,
     /// Bulk bytes.
     pub bulk_bytes: u64,
     /// Bulk seconds.
-    pub bulk_secs: f64,
+    pub bulk_secs: Option<f64>,
     /// Bulk bytes per second.
-    pub throughput_bytes_per_sec: f64,
+    pub throughput_bytes_per_sec: Option<f64>,
     /// Process CPU seconds (user + system, both ends: same process) per GiB of bulk.
-    pub bulk_cpu_secs_per_gib: f64,
+    pub bulk_cpu_secs_per_gib: Option<f64>,
     /// Ping-pong per size.
     pub pingpong: Vec<PingPong>,
-    /// Connections opened.
+    /// Connections to open.
     pub conns: usize,
     /// Connections per second.
-    pub conns_per_sec: f64,
+    pub conns_per_sec: Option<f64>,
     /// How many of them were SMC-R subsequent contact.
     pub conns_smc_subsequent: usize,
+    /// Why metrics are missing.
+    pub errors: Vec<String>,
 }
 
 /// A ratio and its target.
@@ -79,12 +81,12 @@ pub struct TransportReport {
 pub struct Target {
     /// What is compared.
     pub metric: String,
-    /// SMC-R / TCP.
-    pub ratio: f64,
+    /// SMC-R / TCP (`None`: a side was not measured).
+    pub ratio: Option<f64>,
     /// The target, e.g. "<= 1.0".
     pub target: String,
-    /// Whether it is met.
-    pub met: bool,
+    /// Whether it is met (`None`: not measured).
+    pub met: Option<bool>,
 }
 
 /// The whole report.
@@ -113,11 +115,10 @@ where
     C: Net,
 {
     let srv = Server::start(listener)?;
-    let r = measure_on(label, &srv, client, plan, &expect);
+    let mut r = measure_on(label, &srv, client, plan, &expect);
     let recs = srv.stop(client);
-    let mut r = r?;
-    if let Some(e) = recs.iter().find_map(|x| x.error.as_ref()) {
-        return Err(io::Error::other(format!("{label} server: {e}")));
+    for e in recs.iter().filter_map(|x| x.error.as_ref()) {
+        r.errors.push(format!("server: {e}"));
     }
     r.all_expected_mode &= recs.iter().all(|x| x.mode.kind == expect);
     Ok(r)
@@ -129,57 +130,85 @@ fn measure_on<C: Net>(
     client: &C,
     plan: &Plan,
     expect: &ModeKind,
-) -> io::Result<TransportReport> {
+) -> TransportReport {
     let addr = srv.addr();
+    let mut r = TransportReport {
+        transport: label.to_string(),
+        mode: String::new(),
+        all_expected_mode: true,
+        bulk_bytes: plan.bulk_bytes,
+        bulk_secs: None,
+        throughput_bytes_per_sec: None,
+        bulk_cpu_secs_per_gib: None,
+        pingpong: Vec::new(),
+        conns: plan.conns,
+        conns_per_sec: None,
+        conns_smc_subsequent: 0,
+        errors: Vec::new(),
+    };
     // Warm up (first contact for SMC-R: link group, first link) on a connection that
     // stays open for the whole run, so that what follows is subsequent contact.
-    let anchor = client.connect(addr)?;
-    crate::payload::write_all(&anchor, b"C")?;
+    let anchor = match client.connect(addr) {
+        Ok(a) => a,
+        Err(e) => {
+            r.errors.push(format!("first connection: {e}"));
+            return r;
+        }
+    };
+    r.mode = anchor.mode().text;
+    r.all_expected_mode &= anchor.mode().kind == *expect;
+    let _ = anchor.set_read_timeout(Some(harness::STALL));
     let mut b = [0u8; 1];
-    crate::payload::read_exact(&anchor, &mut b)?;
-    let mut all_expected = crate::net::Stream::mode(&anchor).kind == *expect;
-
-    let cpu0 = harness::cpu_time();
-    let (mode, bulk_time) = harness::bulk(client, addr, plan.bulk_bytes)?;
-    let cpu = harness::cpu_time().saturating_sub(cpu0);
-    all_expected &= mode.kind == *expect;
-
-    let mut pingpong = Vec::new();
-    for &size in &plan.sizes {
-        let (m, rtts) = harness::pingpong(client, addr, size, plan.warmup, plan.iters)?;
-        all_expected &= m.kind == *expect;
-        pingpong.push(PingPong {
-            size,
-            rtt: harness::summarize(&rtts),
-        });
+    if let Err(e) = crate::payload::write_all(&anchor, b"C")
+        .and_then(|_| crate::payload::read_exact(&anchor, &mut b))
+    {
+        r.errors.push(format!(
+            "first connection: no answer to its first byte: {e}"
+        ));
     }
 
-    let (modes, conn_time) = harness::conn_rate(client, addr, plan.conns)?;
-    all_expected &= modes.iter().all(|m| m.kind == *expect);
-    let subsequent = modes
-        .iter()
-        .filter(|m| m.is_smc() && m.first_contact == Some(false))
-        .count();
-    drop(anchor);
+    let cpu0 = harness::cpu_time();
+    match harness::bulk(client, addr, plan.bulk_bytes) {
+        Ok((mode, t)) => {
+            let cpu = harness::cpu_time().saturating_sub(cpu0);
+            r.all_expected_mode &= mode.kind == *expect;
+            r.bulk_secs = Some(t.as_secs_f64());
+            r.throughput_bytes_per_sec = Some(crate::payload::rate(plan.bulk_bytes, t));
+            if plan.bulk_bytes > 0 {
+                r.bulk_cpu_secs_per_gib =
+                    Some(cpu.as_secs_f64() * (1u64 << 30) as f64 / plan.bulk_bytes as f64);
+            }
+        }
+        Err(e) => r.errors.push(format!("bulk: {e}")),
+    }
 
-    let secs = bulk_time.as_secs_f64();
-    Ok(TransportReport {
-        transport: label.to_string(),
-        mode: mode.text,
-        all_expected_mode: all_expected,
-        bulk_bytes: plan.bulk_bytes,
-        bulk_secs: secs,
-        throughput_bytes_per_sec: crate::payload::rate(plan.bulk_bytes, bulk_time),
-        bulk_cpu_secs_per_gib: if plan.bulk_bytes > 0 {
-            cpu.as_secs_f64() * (1u64 << 30) as f64 / plan.bulk_bytes as f64
-        } else {
-            0.0
-        },
-        pingpong,
-        conns: plan.conns,
-        conns_per_sec: per_sec(plan.conns, conn_time),
-        conns_smc_subsequent: subsequent,
-    })
+    for &size in &plan.sizes {
+        let rtt = match harness::pingpong(client, addr, size, plan.warmup, plan.iters) {
+            Ok((m, rtts)) => {
+                r.all_expected_mode &= m.kind == *expect;
+                Some(harness::summarize(&rtts))
+            }
+            Err(e) => {
+                r.errors.push(format!("ping-pong {size} B: {e}"));
+                None
+            }
+        };
+        r.pingpong.push(PingPong { size, rtt });
+    }
+
+    match harness::conn_rate(client, addr, plan.conns) {
+        Ok((modes, t)) => {
+            r.all_expected_mode &= modes.iter().all(|m| m.kind == *expect);
+            r.conns_smc_subsequent = modes
+                .iter()
+                .filter(|m| m.is_smc() && m.first_contact == Some(false))
+                .count();
+            r.conns_per_sec = Some(per_sec(plan.conns, t));
+        }
+        Err(e) => r.errors.push(format!("connection rate: {e}")),
+    }
+    drop(anchor);
+    r
 }
 
 fn per_sec(n: usize, d: Duration) -> f64 {
@@ -191,11 +220,28 @@ fn per_sec(n: usize, d: Duration) -> f64 {
     }
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 {
-        a / b
-    } else {
-        f64::NAN
+fn target(
+    metric: String,
+    a: Option<f64>,
+    b: Option<f64>,
+    higher_is_better: bool,
+    goal: f64,
+) -> Target {
+    let ratio = match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    Target {
+        metric,
+        ratio,
+        target: format!("{} {goal:.1}", if higher_is_better { ">=" } else { "<=" }),
+        met: ratio.map(|r| {
+            if higher_is_better {
+                r >= goal
+            } else {
+                r <= goal
+            }
+        }),
     }
 }
 
@@ -203,28 +249,28 @@ fn ratio(a: f64, b: f64) -> f64 {
 pub fn compare(smc: TransportReport, tcp: TransportReport) -> Report {
     let mut targets = Vec::new();
     for (s, t) in smc.pingpong.iter().zip(&tcp.pingpong) {
-        let r = ratio(s.rtt.p50_us, t.rtt.p50_us);
-        targets.push(Target {
-            metric: format!("latency {} B (median RTT)", s.size),
-            ratio: r,
-            target: "<= 1.0".into(),
-            met: r <= 1.0,
-        });
+        targets.push(target(
+            format!("latency {} B (median RTT)", s.size),
+            s.rtt.as_ref().map(|x| x.p50_us),
+            t.rtt.as_ref().map(|x| x.p50_us),
+            false,
+            1.0,
+        ));
     }
-    let r = ratio(smc.throughput_bytes_per_sec, tcp.throughput_bytes_per_sec);
-    targets.push(Target {
-        metric: "throughput (64 KiB writes)".into(),
-        ratio: r,
-        target: ">= 1.0".into(),
-        met: r >= 1.0,
-    });
-    let r = ratio(smc.conns_per_sec, tcp.conns_per_sec);
-    targets.push(Target {
-        metric: "connections/s (subsequent contact)".into(),
-        ratio: r,
-        target: ">= 0.5".into(),
-        met: r >= 0.5,
-    });
+    targets.push(target(
+        "throughput (64 KiB writes)".into(),
+        smc.throughput_bytes_per_sec,
+        tcp.throughput_bytes_per_sec,
+        true,
+        1.0,
+    ));
+    targets.push(target(
+        "connections/s (subsequent contact)".into(),
+        smc.conns_per_sec,
+        tcp.conns_per_sec,
+        true,
+        0.5,
+    ));
     Report { smc, tcp, targets }
 }
 
@@ -254,6 +300,10 @@ fn size_label(size: u32) -> String {
     fmt_size(size as u64)
 }
 
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "failed".into())
+}
+
 /// The report as a table.
 pub fn render(r: &Report) -> String {
     use std::fmt::Write;
@@ -273,57 +323,66 @@ pub fn render(r: &Report) -> String {
     let row = |o: &mut String, name: String, a: String, b: String, t: &Target| {
         let _ = writeln!(
             o,
-            "{:<34} {:>14} {:>14} {:>7.2}×   {} TCP: {}",
+            "{:<34} {:>14} {:>14} {:>8}   {}× TCP: {}",
             name,
             a,
             b,
-            t.ratio,
-            t.target.replace(">=", "≥").replace("<=", "≤") + "×",
-            if t.met { "met" } else { "not met" }
+            opt(t.ratio, |x| format!("{x:.2}×")),
+            t.target.replace(">=", "≥").replace("<=", "≤"),
+            match t.met {
+                Some(true) => "met",
+                Some(false) => "not met",
+                None => "not measured",
+            }
         );
     };
     let mut ti = r.targets.iter();
-    let th = format!("throughput, {}", fmt_size(r.smc.bulk_bytes));
+    let us = |x: f64| format!("{x:.1} µs");
     for (s, t) in r.smc.pingpong.iter().zip(&r.tcp.pingpong) {
         if let Some(tg) = ti.next() {
             row(
                 &mut o,
                 format!("latency {} RTT p50", size_label(s.size)),
-                format!("{:.1} µs", s.rtt.p50_us),
-                format!("{:.1} µs", t.rtt.p50_us),
+                opt(s.rtt.as_ref().map(|x| x.p50_us), us),
+                opt(t.rtt.as_ref().map(|x| x.p50_us), us),
                 tg,
             );
+            let tail = |x: &Option<LatencySummary>| {
+                x.as_ref()
+                    .map(|x| format!("{:.1}/{:.1} µs", x.p99_us, x.mean_us))
+                    .unwrap_or_else(|| "-".into())
+            };
             let _ = writeln!(
                 o,
                 "{:<34} {:>14} {:>14}",
-                format!("  p99 / mean ({} samples)", s.rtt.samples),
-                format!("{:.1}/{:.1} µs", s.rtt.p99_us, s.rtt.mean_us),
-                format!("{:.1}/{:.1} µs", t.rtt.p99_us, t.rtt.mean_us),
+                "  p99 / mean",
+                tail(&s.rtt),
+                tail(&t.rtt)
             );
         }
     }
     if let Some(tg) = ti.next() {
         row(
             &mut o,
-            th,
-            fmt_rate(r.smc.throughput_bytes_per_sec),
-            fmt_rate(r.tcp.throughput_bytes_per_sec),
+            format!("throughput, {}", fmt_size(r.smc.bulk_bytes)),
+            opt(r.smc.throughput_bytes_per_sec, fmt_rate),
+            opt(r.tcp.throughput_bytes_per_sec, fmt_rate),
             tg,
         );
         let _ = writeln!(
             o,
             "{:<34} {:>14} {:>14}",
             "  CPU s per GiB (both ends)",
-            format!("{:.2}", r.smc.bulk_cpu_secs_per_gib),
-            format!("{:.2}", r.tcp.bulk_cpu_secs_per_gib),
+            opt(r.smc.bulk_cpu_secs_per_gib, |x| format!("{x:.2}")),
+            opt(r.tcp.bulk_cpu_secs_per_gib, |x| format!("{x:.2}")),
         );
     }
     if let Some(tg) = ti.next() {
         row(
             &mut o,
             format!("connections/s ({} in sequence)", r.smc.conns),
-            format!("{:.0}", r.smc.conns_per_sec),
-            format!("{:.0}", r.tcp.conns_per_sec),
+            opt(r.smc.conns_per_sec, |x| format!("{x:.0}")),
+            opt(r.tcp.conns_per_sec, |x| format!("{x:.0}")),
             tg,
         );
         let _ = writeln!(
@@ -332,6 +391,11 @@ pub fn render(r: &Report) -> String {
             "  SMC-R subsequent contact",
             format!("{}/{}", r.smc.conns_smc_subsequent, r.smc.conns)
         );
+    }
+    for side in [&r.smc, &r.tcp] {
+        for e in &side.errors {
+            let _ = writeln!(o, "{} error: {e}", side.transport);
+        }
     }
     o
 }
@@ -354,9 +418,10 @@ mod tests {
         let a = measure("SMC-R", l(), &KernelTcp, &plan, ModeKind::KernelTcp).unwrap();
         let b = measure("TCP", l(), &KernelTcp, &plan, ModeKind::KernelTcp).unwrap();
         assert!(a.all_expected_mode && b.all_expected_mode);
+        assert!(a.errors.is_empty() && b.errors.is_empty(), "{a:?} {b:?}");
         assert_eq!(a.pingpong.len(), 2);
-        assert_eq!(a.pingpong[0].rtt.samples, 30);
-        assert!(a.throughput_bytes_per_sec > 0.0 && a.conns_per_sec > 0.0);
+        assert_eq!(a.pingpong[0].rtt.as_ref().unwrap().samples, 30);
+        assert!(a.throughput_bytes_per_sec.unwrap() > 0.0 && a.conns_per_sec.unwrap() > 0.0);
         let r = compare(a, b);
         assert_eq!(r.targets.len(), 4);
         let text = render(&r);
@@ -370,36 +435,50 @@ mod tests {
         }
         let json = serde_json::to_value(&r).unwrap();
         assert!(json["targets"][2]["ratio"].is_f64());
+        assert!(!text.contains("failed"), "{text}");
         assert_eq!(json["tcp"]["pingpong"][1]["size"], 1024);
     }
 
     #[test]
     fn targets_are_judged_in_the_right_direction() {
-        let mk = |thr: f64, lat: f64, cps: f64| TransportReport {
+        let mk = |thr: f64, lat: f64, cps: Option<f64>| TransportReport {
             transport: "x".into(),
             mode: "m".into(),
             all_expected_mode: true,
             bulk_bytes: 1,
-            bulk_secs: 1.0,
-            throughput_bytes_per_sec: thr,
-            bulk_cpu_secs_per_gib: 0.0,
+            bulk_secs: Some(1.0),
+            throughput_bytes_per_sec: Some(thr),
+            bulk_cpu_secs_per_gib: Some(0.0),
             pingpong: vec![PingPong {
                 size: 1,
-                rtt: LatencySummary {
+                rtt: Some(LatencySummary {
                     samples: 1,
                     p50_us: lat,
                     p99_us: lat,
                     mean_us: lat,
                     min_us: lat,
-                },
+                }),
             }],
             conns: 1,
             conns_per_sec: cps,
             conns_smc_subsequent: 0,
+            errors: Vec::new(),
         };
-        let r = compare(mk(2.0, 5.0, 0.6), mk(1.0, 10.0, 1.0));
-        assert!(r.targets.iter().all(|t| t.met), "{:?}", r.targets);
-        let r = compare(mk(0.9, 11.0, 0.4), mk(1.0, 10.0, 1.0));
-        assert!(r.targets.iter().all(|t| !t.met), "{:?}", r.targets);
+        let r = compare(mk(2.0, 5.0, Some(0.6)), mk(1.0, 10.0, Some(1.0)));
+        assert!(
+            r.targets.iter().all(|t| t.met == Some(true)),
+            "{:?}",
+            r.targets
+        );
+        let r = compare(mk(0.9, 11.0, Some(0.4)), mk(1.0, 10.0, Some(1.0)));
+        assert!(
+            r.targets.iter().all(|t| t.met == Some(false)),
+            "{:?}",
+            r.targets
+        );
+        // A metric that failed on one side is "not measured", not met or missed.
+        let r = compare(mk(2.0, 5.0, None), mk(1.0, 10.0, Some(1.0)));
+        assert_eq!(r.targets[2].met, None);
+        assert!(render(&r).contains("not measured"));
     }
 }

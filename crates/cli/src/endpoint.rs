@@ -220,7 +220,9 @@ fn netcat<S: Stream>(s: &S) -> Result<()> {
             match payload::read_retry(s, &mut buf) {
                 Ok(0) => break stdout.flush(),
                 Ok(n) => {
-                    if let Err(e) = stdout.write_all(&buf[..n]) {
+                    // netcat semantics: what arrives is passed on at once (stdout is
+                    // line-buffered, and binary data or a prompt has no newline).
+                    if let Err(e) = stdout.write_all(&buf[..n]).and_then(|_| stdout.flush()) {
                         break Err(e);
                     }
                 }

@@ -9,7 +9,8 @@
 //! - `C` — connection: the server answers one byte and waits for the close;
 //! - `Q` — stop the server.
 //!
-//! Numbers are big-endian.
+//! Numbers are big-endian. Every read on either side gives up after [`STALL`]: a lost
+//! message turns into an error that names the step, not a hang.
 
 use crate::net::{ConnMode, Listener, Net, Stream, StreamOf};
 use crate::payload::{self, Moved, Pattern, CHUNK};
@@ -18,6 +19,30 @@ use std::net::{Shutdown, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+/// The longest a measurement waits for its peer's next bytes.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// Connects with `net` and bounds its reads by [`STALL`].
+fn dial<N: Net>(net: &N, addr: SocketAddr) -> io::Result<StreamOf<N>> {
+    let s = net.connect(addr)?;
+    s.set_read_timeout(Some(STALL))?;
+    Ok(s)
+}
+
+fn stalled(e: io::Error, what: &str) -> io::Error {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    ) {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("{what}: nothing from the peer for {} s", STALL.as_secs()),
+        )
+    } else {
+        e
+    }
+}
 
 /// What the server saw on one connection.
 #[derive(Clone, Debug)]
@@ -101,8 +126,10 @@ where
                 continue;
             }
         };
+        let _ = s.set_read_timeout(Some(STALL));
         let mut cmd = [0u8; 1];
-        if payload::read_exact(&s, &mut cmd).is_err() {
+        if let Err(e) = payload::read_exact(&s, &mut cmd) {
+            tracing::warn!("harness: no command byte: {}", stalled(e, "command"));
             continue;
         }
         if cmd[0] == b'Q' {
@@ -229,7 +256,7 @@ pub struct Exchange {
 /// Connects and exchanges `len` bytes each way (client seed `seed`, server `seed + 1`).
 pub fn exchange<N: Net>(net: &N, addr: SocketAddr, len: u64, seed: u64) -> io::Result<Exchange> {
     let start = Instant::now();
-    let s = net.connect(addr)?;
+    let s = dial(net, addr)?;
     let mode = s.mode();
     let seed_s = seed.wrapping_add(1);
     let mut hdr = Vec::with_capacity(25);
@@ -245,7 +272,9 @@ pub fn exchange<N: Net>(net: &N, addr: SocketAddr, len: u64, seed: u64) -> io::R
         (sent, rx.join())
     });
     let sent = sent?;
-    let received = received.map_err(|_| io::Error::other("receiver thread panicked"))??;
+    let received = received
+        .map_err(|_| io::Error::other("receiver thread panicked"))?
+        .map_err(|e| stalled(e, "exchange"))?;
     let verified = received.bytes == len && received.sha256 == Pattern::new(seed_s).sha256(len);
     Ok(Exchange {
         mode,
@@ -259,7 +288,7 @@ pub fn exchange<N: Net>(net: &N, addr: SocketAddr, len: u64, seed: u64) -> io::R
 /// Bulk throughput: `len` bytes client → server in [`CHUNK`] writes, timed from the
 /// first write to the server's count arriving back.
 pub fn bulk<N: Net>(net: &N, addr: SocketAddr, len: u64) -> io::Result<(ConnMode, Duration)> {
-    let s = net.connect(addr)?;
+    let s = dial(net, addr)?;
     let mode = s.mode();
     let mut buf = vec![0u8; CHUNK];
     Pattern::new(3).fill(0, &mut buf);
@@ -272,7 +301,7 @@ pub fn bulk<N: Net>(net: &N, addr: SocketAddr, len: u64) -> io::Result<(ConnMode
         left -= n as u64;
     }
     s.shutdown(Shutdown::Write)?;
-    let got = read_u64(&s)?;
+    let got = read_u64(&s).map_err(|e| stalled(e, "bulk: the receiver's count"))?;
     let elapsed = start.elapsed();
     if got != len {
         return Err(io::Error::new(
@@ -291,7 +320,7 @@ pub fn pingpong<N: Net>(
     warmup: usize,
     iters: usize,
 ) -> io::Result<(ConnMode, Vec<Duration>)> {
-    let s = net.connect(addr)?;
+    let s = dial(net, addr)?;
     s.set_nodelay(true)?;
     let mode = s.mode();
     let mut hdr = vec![b'P'];
@@ -304,7 +333,8 @@ pub fn pingpong<N: Net>(
     for i in 0..warmup + iters {
         let t = Instant::now();
         payload::write_all(&s, &msg)?;
-        payload::read_exact(&s, &mut back)?;
+        payload::read_exact(&s, &mut back)
+            .map_err(|e| stalled(e, &format!("ping-pong {size} B, round trip {i}")))?;
         if i >= warmup {
             rtts.push(t.elapsed());
         }
@@ -329,10 +359,11 @@ pub fn conn_rate<N: Net>(
     let mut modes = Vec::with_capacity(count);
     let start = Instant::now();
     for _ in 0..count {
-        let s: StreamOf<N> = net.connect(addr)?;
+        let s: StreamOf<N> = dial(net, addr)?;
         payload::write_all(&s, b"C")?;
         let mut b = [0u8; 1];
-        payload::read_exact(&s, &mut b)?;
+        payload::read_exact(&s, &mut b)
+            .map_err(|e| stalled(e, &format!("connection {}", modes.len() + 1)))?;
         modes.push(s.mode());
         drop(s);
     }

@@ -59,6 +59,8 @@ pub trait Stream: Send + Sync + Sized {
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
     /// Disables Nagle-like batching (latency measurements).
     fn set_nodelay(&self, on: bool) -> io::Result<()>;
+    /// Bounds each blocking read (`None`: forever).
+    fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()>;
     /// The peer's address.
     fn peer_addr(&self) -> io::Result<SocketAddr>;
     /// This end's address.
@@ -129,6 +131,9 @@ impl Stream for TcpStream {
     }
     fn set_nodelay(&self, on: bool) -> io::Result<()> {
         TcpStream::set_nodelay(self, on)
+    }
+    fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, t)
     }
     fn peer_addr(&self) -> io::Result<SocketAddr> {
         TcpStream::peer_addr(self)

@@ -72,6 +72,9 @@ impl Stream for SmcStream {
     fn set_nodelay(&self, on: bool) -> io::Result<()> {
         SmcStream::set_nodelay(self, on)
     }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        SmcStream::set_read_timeout(self, t)
+    }
     fn peer_addr(&self) -> io::Result<SocketAddr> {
         SmcStream::peer_addr(self)
     }
@@ -458,6 +461,14 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     if args.pair.stats {
         endpoint::print_stats(&StackInspect(&server), "server stack");
         endpoint::print_stats(&StackInspect(&client), "client stack");
+    }
+    // The targets are reported, not asserted; a measurement that failed is an error.
+    let failed = report.smc.errors.len() + report.tcp.errors.len();
+    if failed > 0 {
+        bail!("{failed} measurement(s) failed (see the report)");
+    }
+    if !report.smc.all_expected_mode {
+        bail!("the SMC-R side fell back to TCP");
     }
     Ok(())
 }
