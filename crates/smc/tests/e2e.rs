@@ -60,3 +60,132 @@ fn first_contact_data_both_ways_and_close() {
     let _ = (&mut &[0u8][..]).read(&mut [0u8; 0]);
     let _ = std::io::sink().write(&[]);
 }
+
+#[test]
+fn subsequent_contact_reuses_the_link_group() {
+    let (srv, cli) = pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    let m1 = echo_once(&cli, addr, 1, 100_000);
+    let m2 = echo_once(&cli, addr, 2, 100_000);
+    match (m1, m2) {
+        (
+            smc::Mode::Smc {
+                link_group: a,
+                first_contact: true,
+                ..
+            },
+            smc::Mode::Smc {
+                link_group: b,
+                first_contact: false,
+                ..
+            },
+        ) => assert_eq!(a, b),
+        (a, b) => panic!("modes: {a} / {b}"),
+    }
+    let lg = cli.link_groups();
+    assert_eq!(lg.len(), 1, "{lg:?}");
+    // One device per side: the server's ADD LINK was rejected ("no alternate path"),
+    // the link group runs on one link.
+    assert_eq!(lg[0].links.len(), 1, "{lg:?}");
+    assert_eq!(srv.link_groups()[0].links.len(), 1);
+}
+
+#[test]
+fn bulk_64_mib_each_way() {
+    let (srv, cli) = pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    const N: usize = 64 << 20;
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let s2 = s.try_clone().unwrap();
+        let tx = thread::spawn(move || send_stream(&s2, 11, N, 64 * 1024));
+        let rx = recv_stream(&s, N);
+        (tx.join().unwrap(), rx, srv)
+    });
+    let c = smc::SmcStream::connect_with(&cli, addr).unwrap();
+    assert!(c.mode().is_smc(), "{}", c.mode());
+    let c2 = c.try_clone().unwrap();
+    let tx = thread::spawn(move || send_stream(&c2, 12, N, 64 * 1024));
+    let (n, h) = recv_stream(&c, N);
+    let sent = tx.join().unwrap();
+    let (srv_sent, (sn, sh), _srv) = server.join().unwrap();
+    assert_eq!((n, sn), (N, N));
+    assert_eq!(h, srv_sent);
+    assert_eq!(sh, sent);
+}
+
+#[test]
+fn hundred_concurrent_connections_share_one_link_group() {
+    let (srv, cli) = pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    let cli = std::sync::Arc::new(cli);
+    let threads: Vec<_> = (0..100)
+        .map(|i| {
+            let cli = cli.clone();
+            thread::spawn(move || echo_once(&cli, addr, 100 + i, 64 * 1024))
+        })
+        .collect();
+    let modes: Vec<smc::Mode> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let mut lgrs = std::collections::BTreeSet::new();
+    for m in &modes {
+        match m {
+            smc::Mode::Smc { link_group, .. } => {
+                lgrs.insert(*link_group);
+            }
+            other => panic!("not SMC-R: {other}"),
+        }
+    }
+    assert_eq!(lgrs.len(), 1, "link groups used: {lgrs:?}");
+    assert_eq!(cli.link_groups().len(), 1);
+    assert_eq!(srv.link_groups().len(), 1);
+    assert!(wait_until(Duration::from_secs(20), || cli
+        .stats()
+        .smc_connections
+        == 0
+        && srv.stats().smc_connections == 0));
+    let s = srv.stats();
+    assert_eq!(s.rmb_elements_in_use, 0, "{s:?}");
+}
+
+#[test]
+fn rmbs_beyond_the_cache_are_deleted_with_delete_rkey() {
+    let small = |c: &mut smc::StackConfig| c.rmb_cache = 2;
+    let (srv, cli) = pair_with(small, small);
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    // Ten connections open at once: nine of them get a new RMB announced with CONFIRM
+    // RKEY on subsequent contact.
+    let streams: Vec<smc::SmcStream> = (0..10)
+        .map(|_| smc::SmcStream::connect_with(&cli, addr).unwrap())
+        .collect();
+    for (i, s) in streams.iter().enumerate() {
+        assert!(s.mode().is_smc(), "{}", s.mode());
+        let d = pattern(i as u64, 5000);
+        (&*s).write_all(&d).unwrap();
+        let mut back = vec![0u8; 5000];
+        (&*s).read_exact(&mut back).unwrap();
+        assert!(back == d);
+    }
+    assert_eq!(cli.link_groups().len(), 1);
+    assert!(cli.stats().rmbs >= 10, "{:?}", cli.stats());
+    drop(streams);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let (c, s) = (cli.stats(), srv.stats());
+            c.smc_connections == 0 && s.smc_connections == 0 && c.rmbs <= 2 && s.rmbs <= 2
+        }),
+        "{:?} / {:?}",
+        cli.stats(),
+        srv.stats()
+    );
+    assert!(cli.stats().rmbs_deleted >= 8, "{:?}", cli.stats());
+    assert!(srv.stats().rmbs_deleted >= 8, "{:?}", srv.stats());
+    // The link group carries on.
+    assert!(echo_once(&cli, addr, 99, 1000).is_smc());
+}

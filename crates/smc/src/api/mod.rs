@@ -558,6 +558,14 @@ impl SmcStream {
         })
     }
 
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_parts(self) -> Result<Arc<SmcHandle>, (TcpStream, FallbackReason)> {
+        match self.inner {
+            Inner2::Smc(h) => Ok(h),
+            Inner2::Tcp(t, r) => Err((t, r)),
+        }
+    }
+
     /// Termination state (Linux smc_diag names; "TCP" for a fallback).
     pub fn state(&self) -> String {
         match &self.inner {

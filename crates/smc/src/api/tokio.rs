@@ -1,1 +1,203 @@
-//! placeholder
+//! The tokio surface (feature `tokio`): [`SmcListener`] and [`SmcStream`] with
+//! `AsyncRead` / `AsyncWrite`.
+//!
+//! SMC-R streams register their task's waker with the connection; the completion
+//! handler that processes a CDC (or the event thread) wakes it — no extra thread per
+//! stream. Fallback streams are plain `tokio::net::TcpStream`s. The rendezvous itself
+//! (TCP connect + CLC) runs on a blocking thread.
+
+use std::future::poll_fn;
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::{connect_one, stream_from, Mode, SmcHandle, Wait};
+use crate::clc::FallbackReason;
+use crate::runtime::{LinkGroupId, Stack};
+
+enum Inner {
+    Smc(Arc<SmcHandle>),
+    Tcp(tokio::net::TcpStream, FallbackReason),
+}
+
+/// An SMC-R stream (or TCP fallback) for tokio.
+pub struct SmcStream {
+    inner: Inner,
+}
+
+impl std::fmt::Debug for SmcStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmcStream")
+            .field("mode", &self.mode().to_string())
+            .finish()
+    }
+}
+
+impl SmcStream {
+    /// Connects with [`Stack::global`].
+    pub async fn connect(addr: SocketAddr) -> io::Result<SmcStream> {
+        Self::connect_with(Stack::global(), addr).await
+    }
+
+    /// Connects with `stack` (the rendezvous runs on a blocking thread).
+    pub async fn connect_with(stack: &Stack, addr: SocketAddr) -> io::Result<SmcStream> {
+        let inner = stack.inner.clone();
+        let e = tokio::task::spawn_blocking(move || {
+            connect_one(&inner, addr, None).map(|e| stream_from(&inner, e))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        Self::from_std(e)
+    }
+
+    /// Wraps a blocking [`super::SmcStream`] (must be called inside a tokio runtime).
+    pub fn from_std(s: super::SmcStream) -> io::Result<SmcStream> {
+        Ok(SmcStream {
+            inner: match s.into_parts() {
+                Ok(h) => Inner::Smc(h),
+                Err((t, r)) => {
+                    t.set_nonblocking(true)?;
+                    Inner::Tcp(tokio::net::TcpStream::from_std(t)?, r)
+                }
+            },
+        })
+    }
+
+    /// SMC-R or TCP fallback.
+    pub fn mode(&self) -> Mode {
+        match &self.inner {
+            Inner::Smc(h) => Mode::Smc {
+                link_group: LinkGroupId(h.conn.lgr.0),
+                version: h.conn.version,
+                first_contact: h.conn.first_contact,
+            },
+            Inner::Tcp(_, r) => Mode::Fallback { reason: r.clone() },
+        }
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Smc(h) => Ok(h.conn.peer),
+            Inner::Tcp(t, _) => t.peer_addr(),
+        }
+    }
+
+    /// Our address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.inner {
+            Inner::Smc(h) => Ok(h.conn.local),
+            Inner::Tcp(t, _) => t.local_addr(),
+        }
+    }
+}
+
+impl AsyncRead for SmcStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t, _) => Pin::new(t).poll_read(cx, buf),
+            Inner::Smc(h) => {
+                for attempt in 0..2 {
+                    match h.read(buf.initialize_unfilled(), Some(Wait::Never)) {
+                        Ok(n) => {
+                            buf.advance(n);
+                            return Poll::Ready(Ok(()));
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if attempt == 0 {
+                                // Register, then look again: a CDC processed in between
+                                // found no waker to wake.
+                                h.conn.lock().rx_waker = Some(cx.waker().clone());
+                            }
+                        }
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl AsyncWrite for SmcStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t, _) => Pin::new(t).poll_write(cx, buf),
+            Inner::Smc(h) => {
+                for attempt in 0..2 {
+                    match h.write(buf, Some(Wait::Never)) {
+                        Ok(n) => return Poll::Ready(Ok(n)),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if attempt == 0 {
+                                h.conn.lock().tx_waker = Some(cx.waker().clone());
+                            }
+                        }
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t, _) => Pin::new(t).poll_flush(cx),
+            Inner::Smc(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().inner {
+            Inner::Tcp(t, _) => Pin::new(t).poll_shutdown(cx),
+            Inner::Smc(h) => Poll::Ready(h.shutdown(std::net::Shutdown::Write)),
+        }
+    }
+}
+
+/// A listener for tokio.
+#[derive(Debug)]
+pub struct SmcListener {
+    inner: super::SmcListener,
+}
+
+impl SmcListener {
+    /// Binds with [`Stack::global`].
+    pub async fn bind(addr: impl ToSocketAddrs) -> io::Result<SmcListener> {
+        Self::bind_with(Stack::global(), addr)
+    }
+
+    /// Binds with `stack`.
+    pub fn bind_with(stack: &Stack, addr: impl ToSocketAddrs) -> io::Result<SmcListener> {
+        Ok(SmcListener {
+            inner: super::SmcListener::bind_with(stack, addr)?,
+        })
+    }
+
+    /// The next finished rendezvous (SMC-R or fallback).
+    pub async fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        let (s, a) = poll_fn(|cx| match self.inner.poll_accept(cx.waker()) {
+            Some(x) => Poll::Ready(x),
+            None => Poll::Pending,
+        })
+        .await;
+        Ok((SmcStream::from_std(s)?, a))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}

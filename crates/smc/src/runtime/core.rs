@@ -895,10 +895,19 @@ impl ClcEnv for Env<'_> {
         peer: &PeerRmb,
     ) -> Result<Option<ConnRef>, DeclineCode> {
         let g = self.core.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
-        let conflict = g
-            .peer_rmbes
-            .get(&(peer.rkey, peer.rmbe_idx))
-            .map(|t| ConnRef(u64::from(*t)));
+        // A connection that already reached CLOSED no longer writes there (the peer
+        // reuses an element only after its side closed): not a conflict.
+        let key = (peer.rkey, peer.rmbe_idx);
+        let conflict = match g.peer_rmbes.get(&key) {
+            Some(t) => match self.core.conns.get(t) {
+                Some(c) if c.lock().conn.state() != State::Closed => Some(ConnRef(u64::from(*t))),
+                _ => {
+                    g.peer_rmbes.remove(&key);
+                    None
+                }
+            },
+            None => None,
+        };
         if g.llc.is_none() {
             g.first_peer = Some(*peer);
             if g.role == clc::Role::Client {
@@ -1121,6 +1130,7 @@ impl Core {
             Inbox::LlcRecv { lgr, link, bytes } => {
                 if let Some(l) = self.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {
                     trace!(lgr = lgr.0, %link, len = bytes.len(), "LLC received");
+                    inner.counters.llc_received.fetch_add(1, Ordering::Relaxed);
                     l.on_link_activity(now, link);
                     l.handle_llc_bytes(now, link, &bytes);
                     self.dirty.insert(lgr);
@@ -1149,7 +1159,6 @@ impl Core {
             }
             Inbox::ConnClosed | Inbox::Released => {}
         }
-        let _ = inner;
     }
 
     fn check_activity(&mut self, now: Instant) {
@@ -1451,6 +1460,7 @@ impl Core {
                         (Ok(bytes), Some(res)) => match res.post_llc(t.id, &bytes) {
                             Ok(()) => {
                                 trace!(lgr = id.0, link = %t.link, "LLC sent");
+                                inner.counters.llc_sent.fetch_add(1, Ordering::Relaxed);
                                 true
                             }
                             Err(e) => {
@@ -1911,7 +1921,12 @@ impl Core {
         g.peer_rmbes
             .insert((est.peer_rmb.rkey, est.peer_rmb.rmbe_idx), token);
         if let Ok(mut t) = inner.tokens.write() {
-            t.set(token, shared.clone());
+            // Replayed under the registry lock so that no later CDC overtakes them.
+            for cdc in &t.set(token, shared.clone()) {
+                if let Some(m) = super::conn::from_wire(cdc) {
+                    shared.on_cdc(&m, now);
+                }
+            }
         }
         self.conns.insert(token, shared.clone());
         info!(
@@ -1922,7 +1937,6 @@ impl Core {
             peer = %hs.peer,
             "SMC-R connection established"
         );
-        let _ = now;
         Ok(shared)
     }
 

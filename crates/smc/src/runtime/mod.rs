@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use smc_bpf::{SkipOptionPolicy, SmcOption, Unavailable};
 use smc_verbs::Provider;
 use smc_wire::common::{Mac, PeerId};
-use tracing::{debug, warn};
+use tracing::{debug, trace, warn};
 
 use crate::clc::{ClcConfig, FallbackReason, LgrId, UeidTable};
 use crate::conn::{ConnConfig, UpdatePolicy};
@@ -126,8 +126,8 @@ impl StackConfig {
 
     /// The process default: the software RNIC, UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
-    /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes). Bad values are
-    /// logged and ignored.
+    /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
+    /// address from `SMC_RS_LOCAL_ADDR`. Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
         match UeidTable::from_env_or_file() {
@@ -153,6 +153,12 @@ impl StackConfig {
         }
         if let Some(n) = size("SMC_RS_SNDBUF_SIZE") {
             c.sndbuf_size = n;
+        }
+        if let Ok(v) = std::env::var("SMC_RS_LOCAL_ADDR") {
+            match v.trim().parse::<IpAddr>() {
+                Ok(ip) => c.local_addr = Some(ip),
+                Err(_) => warn!(value = %v, "SMC_RS_LOCAL_ADDR is not an IP address; ignored"),
+            }
         }
         c
     }
@@ -290,6 +296,10 @@ pub struct Stats {
     pub lgrs_ended: u64,
     /// TEST LINK-driven or other link failures.
     pub links_failed: u64,
+    /// LLC messages received (all link groups, ever; TEST LINK included).
+    pub llc_received: u64,
+    /// LLC messages sent.
+    pub llc_sent: u64,
 }
 
 #[derive(Default)]
@@ -301,6 +311,8 @@ pub(crate) struct Counters {
     pub rmbs_deleted: AtomicU64,
     pub lgrs_ended: AtomicU64,
     pub links_failed: AtomicU64,
+    pub llc_received: AtomicU64,
+    pub llc_sent: AtomicU64,
 }
 
 /// Messages to the event thread.
@@ -342,7 +354,15 @@ struct TokenSlot {
     gen: u16,
     used: bool,
     conn: Option<Arc<ConnShared>>,
+    /// CDCs that arrived before the rendezvous finished here: on subsequent contact the
+    /// client may write as soon as its Confirm is out, so its first CDC can overtake
+    /// the Confirm's processing on our event thread.
+    early: Vec<[u8; 44]>,
 }
+
+/// Most early CDCs kept per token (a well-behaved peer sends a handful at most before
+/// the Confirm is processed: its window is our whole RMBE).
+const MAX_EARLY_CDCS: usize = 64;
 
 impl Tokens {
     fn alloc(&mut self) -> Option<u32> {
@@ -370,10 +390,30 @@ impl Tokens {
         (s.used && u32::from(s.gen) == token >> 16).then_some(s)
     }
 
-    fn set(&mut self, token: u32, conn: Arc<ConnShared>) {
-        if let Some(s) = self.slot(token) {
-            s.conn = Some(conn);
+    /// Attaches the connection; returns the CDCs that arrived before it.
+    fn set(&mut self, token: u32, conn: Arc<ConnShared>) -> Vec<[u8; 44]> {
+        match self.slot(token) {
+            Some(s) => {
+                s.conn = Some(conn);
+                std::mem::take(&mut s.early)
+            }
+            None => Vec::new(),
         }
+    }
+
+    /// Keeps a CDC for a token whose connection is not attached yet; returns the
+    /// connection instead if it is attached by now.
+    fn early(&mut self, token: u32, cdc: &[u8; 44]) -> Option<Arc<ConnShared>> {
+        let s = self.slot(token)?;
+        if let Some(c) = &s.conn {
+            return Some(c.clone());
+        }
+        if s.early.len() < MAX_EARLY_CDCS {
+            s.early.push(*cdc);
+        } else {
+            debug!(token, "too many early CDCs; dropped");
+        }
+        None
     }
 
     fn get(&self, token: u32) -> Option<Arc<ConnShared>> {
@@ -390,6 +430,7 @@ impl Tokens {
         if let Some(s) = self.slot(token) {
             s.used = false;
             s.conn = None;
+            s.early.clear();
             s.gen = s.gen.wrapping_add(1).max(1);
             self.free.push(slot);
             self.used -= 1;
@@ -490,13 +531,23 @@ impl Inner {
         let Some(msg) = conn::from_wire(bytes) else {
             return;
         };
-        match self.conn_by_token(msg.token) {
+        let conn = match self.conn_by_token(msg.token) {
+            Some(c) => Some(c),
+            None => match self.tokens.write() {
+                Ok(mut t) => t.early(msg.token, bytes),
+                Err(_) => None,
+            },
+        };
+        match conn {
             Some(c) if c.lgr == link.lgr => c.on_cdc(&msg, now),
             Some(_) => debug!(
                 token = msg.token,
                 "CDC for a connection of another link group dropped"
             ),
-            None => debug!(token = msg.token, "CDC with an unknown alert token dropped"),
+            None => trace!(
+                token = msg.token,
+                "CDC kept for later or dropped (no connection)"
+            ),
         }
     }
 
@@ -598,6 +649,8 @@ impl Stack {
         s.rmbs_deleted = c.rmbs_deleted.load(Ordering::Relaxed);
         s.lgrs_ended = c.lgrs_ended.load(Ordering::Relaxed);
         s.links_failed = c.links_failed.load(Ordering::Relaxed);
+        s.llc_received = c.llc_received.load(Ordering::Relaxed);
+        s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
         s
     }
 

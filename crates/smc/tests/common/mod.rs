@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -109,4 +110,41 @@ pub fn wait_until(t: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
     f()
+}
+
+/// An echo server: every accepted stream is echoed on its own thread until EOF.
+pub fn echo_server(l: smc::SmcListener) {
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match (&s).read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if (&s).write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+}
+
+pub fn echo_once(cli: &smc::Stack, addr: std::net::SocketAddr, seed: u64, len: usize) -> smc::Mode {
+    let c = smc::SmcStream::connect_with(cli, addr).unwrap();
+    let data = pattern(seed, len);
+    let c2 = c.try_clone().unwrap();
+    let d2 = data.clone();
+    let w = thread::spawn(move || {
+        (&c2).write_all(&d2).unwrap();
+    });
+    let mut got = vec![0u8; len];
+    (&c).read_exact(&mut got).unwrap();
+    w.join().unwrap();
+    assert!(got == data, "echo mismatch");
+    c.mode()
 }

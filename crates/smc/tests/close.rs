@@ -1,0 +1,185 @@
+//! Termination (RFC 7609 §4.8), urgent data (§4.7.5), timeouts and non-blocking I/O
+//! between two stacks.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::Shutdown;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use smc::SmcStream;
+
+/// A connected SMC-R pair (client side, server side).
+fn connected() -> (SmcStream, SmcStream, smc::Stack, smc::Stack) {
+    let (srv, cli) = pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap().0);
+    let c = SmcStream::connect_with(&cli, addr).unwrap();
+    let s = t.join().unwrap();
+    assert!(c.mode().is_smc() && s.mode().is_smc());
+    (c, s, srv, cli)
+}
+
+#[test]
+fn half_close_both_directions() {
+    let (c, s, _srv, _cli) = connected();
+    (&c).write_all(b"request").unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut req = Vec::new();
+    (&s).read_to_end(&mut req).unwrap();
+    assert_eq!(req, b"request");
+    // Writing after our own shutdown fails with EPIPE.
+    assert_eq!((&c).write(b"x").unwrap_err().kind(), ErrorKind::BrokenPipe);
+    (&s).write_all(b"response").unwrap();
+    drop(s);
+    let mut resp = Vec::new();
+    (&c).read_to_end(&mut resp).unwrap();
+    assert_eq!(resp, b"response");
+}
+
+#[test]
+fn close_with_unread_data_aborts_the_peer() {
+    let (c, s, _srv, _cli) = connected();
+    (&s).write_all(b"never read").unwrap();
+    // Wait until the data is in the client's RMBE, then close without reading it.
+    thread::sleep(Duration::from_millis(100));
+    drop(c);
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 8];
+    let e = (&s).read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+}
+
+#[test]
+fn abort_resets_the_peer() {
+    let (c, s, _srv, _cli) = connected();
+    c.abort().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 8];
+    let e = (&s).read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    let e = (&s).write(b"x").unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe),
+        "{e}"
+    );
+}
+
+#[test]
+fn read_timeout_and_nonblocking() {
+    let (c, s, _srv, _cli) = connected();
+    c.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let t0 = Instant::now();
+    let mut b = [0u8; 8];
+    let e = (&c).read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+    let dt = t0.elapsed();
+    assert!(
+        dt >= Duration::from_millis(90) && dt < Duration::from_secs(2),
+        "{dt:?}"
+    );
+    c.set_nonblocking(true).unwrap();
+    assert_eq!((&c).read(&mut b).unwrap_err().kind(), ErrorKind::WouldBlock);
+    // Fill the window: the writer gets WouldBlock once the peer's RMBE and our send
+    // buffer are full, and can go on after the reader drained them.
+    let chunk = vec![0x5au8; 64 * 1024];
+    let mut written = 0usize;
+    loop {
+        match (&c).write(&chunk) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(written < 64 << 20, "window never closed");
+    }
+    assert!(written >= 256 * 1024, "only {written} bytes fit");
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    while got < written {
+        got += (&s).read(&mut buf).unwrap();
+    }
+    assert_eq!(got, written);
+    c.set_nonblocking(false).unwrap();
+    (&c).write_all(&chunk).unwrap();
+}
+
+#[test]
+fn write_timeout_when_the_peer_does_not_read() {
+    let (c, _s, _srv, _cli) = connected();
+    c.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let chunk = vec![1u8; 1 << 20];
+    let t0 = Instant::now();
+    let e = loop {
+        if let Err(e) = (&c).write(&chunk) {
+            break e;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    };
+    assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+}
+
+#[test]
+fn urgent_data() {
+    let (c, s, _srv, _cli) = connected();
+    (&c).write_all(b"abc").unwrap();
+    c.send_urgent(b'!').unwrap();
+    (&c).write_all(b"def").unwrap();
+    // In-band data stops at the mark; the urgent byte is read out of band.
+    let mut before = Vec::new();
+    let mut b = [0u8; 16];
+    while before.len() < 3 {
+        let n = (&s).read(&mut b).unwrap();
+        before.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(before, b"abc");
+    let t0 = Instant::now();
+    let u = loop {
+        match s.recv_urgent() {
+            Ok(u) => break u,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(t0.elapsed() < Duration::from_secs(5));
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(u, b'!');
+    let mut after = Vec::new();
+    while after.len() < 3 {
+        let n = (&s).read(&mut b).unwrap();
+        after.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(after, b"def");
+    // Without urgent data pending, recv_urgent is EINVAL.
+    assert_eq!(s.recv_urgent().unwrap_err().kind(), ErrorKind::InvalidInput);
+    // The writer can go on after the urgent byte was consumed.
+    (&c).write_all(b"more").unwrap();
+    let mut m = [0u8; 4];
+    (&s).read_exact(&mut m).unwrap();
+    assert_eq!(&m, b"more");
+}
+
+#[test]
+fn peer_stack_gone_resets_connections() {
+    let (c, s, srv, _cli) = connected();
+    // The server's whole stack goes away (like a process exit) while its connection is
+    // open: its link groups end and the client's connection fails instead of hanging.
+    drop(srv);
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = [0u8; 8];
+    let e = (&c).read(&mut b).unwrap_err();
+    assert!(
+        matches!(
+            e.kind(),
+            ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+        ),
+        "{e}"
+    );
+    drop(s);
+}
