@@ -4,9 +4,11 @@
 #     (64 KiB echoed and verified on each) share a single link group: the
 #     listener's stats (SIGUSR1 snapshot while all 100 are open) show one link
 #     group carrying 100 connections, and so do the client's.
-#  2. 1000 connections opened, used (1 KiB echoed) and closed in sequence: the
-#     listener's RMB elements in use, open QPs and file descriptors (its own count
-#     and /proc/PID/fd) are no higher afterwards than before; the same for the client.
+#  2. 1000 connections opened, used (1 KiB echoed) and closed in sequence by one
+#     client process: the listener's link groups, RMB elements in use, open QPs and
+#     file descriptors (its own count and /proc/PID/fd) are no higher after the last
+#     than after the first (both taken with the link group up and no connection
+#     open), registered RMBs stay within the reuse cache; the same for the client.
 # No eBPF: the SMC_RS_SKIP_TCP_OPTION policy lists the peers.
 #
 # Exit: 0 pass, 77 skip, anything else fail. SMC_TEST_SEQ overrides the 1000.
@@ -61,9 +63,8 @@ fc=$(grep -c "first contact" "$WORK/c100.err")
 [ "$fc" = 1 ] && ok "one first contact, 99 subsequent contacts" || fail "$fc first contacts among the 100 (want 1)"
 
 # --- 2. 1000 in sequence ----------------------------------------------------
-# Reference point: a connection came and went (link group up, no connections).
-timeout 30 "$SMC" connect -q --bind "$CIP" "$SIP:$PORT" --send-bytes 1K --expect-echo --require-smc > /dev/null 2> "$WORK/warm.err" \
-  || fail "warm-up connection"
+# The client pauses after its first and after its last connection (link group up,
+# no connection open): the listener is asked for its state at both points.
 settle() {   # waits until the listener has no connection left (closes are asynchronous)
   local i
   for i in $(seq 100); do
@@ -73,27 +74,44 @@ settle() {   # waits until the listener has no connection left (closes are async
   done
   return 1
 }
-settle || fail "listener still has connections before the sequence"
-b_rmb=$(stats_field "$SRV" SIGUSR1 rmbs-in-use); b_qp=$(stats_field "$SRV" SIGUSR1 qps)
-b_fd=$(stats_field "$SRV" SIGUSR1 fds); b_pfd=$(fd_count "$LPID")
+wait_line() {  # wait_line FILE TEXT PID
+  local i; for i in $(seq 1200); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.05
+  done; return 1
+}
 t0=$(date +%s.%N)
-timeout 150 "$SMC" connect --bind "$CIP" "$SIP:$PORT" --send-bytes 1K --expect-echo --require-smc --conns "$SEQ" --stats \
-  > "$WORK/seq.out" 2> "$WORK/seq.err"
-src=$?
+timeout 150 "$SMC" connect --bind "$CIP" "$SIP:$PORT" --send-bytes 1K --expect-echo --require-smc \
+  --conns "$SEQ" --hold-ms 3000 --stats > "$WORK/seq.out" 2> "$WORK/seq.err" &
+SPID=$!; PIDS+=("$SPID")
+if wait_line "$WORK/seq.err" "^holding after connection 1$" "$SPID" && settle; then
+  b_rmb=$(stats_field "$SRV" SIGUSR1 rmbs-in-use); b_reg=$(stats_field "$SRV" SIGUSR1 rmbs)
+  b_qp=$(stats_field "$SRV" SIGUSR1 qps); b_lg=$(stats_field "$SRV" SIGUSR1 link-groups)
+  b_fd=$(stats_field "$SRV" SIGUSR1 fds); b_pfd=$(fd_count "$LPID")
+else fail "no listener snapshot after the first connection"; fi
+if wait_line "$WORK/seq.err" "^holding after connection $SEQ$" "$SPID" && settle; then
+  a_rmb=$(stats_field "$SRV" SIGUSR1 rmbs-in-use); a_reg=$(stats_field "$SRV" SIGUSR1 rmbs)
+  a_qp=$(stats_field "$SRV" SIGUSR1 qps); a_lg=$(stats_field "$SRV" SIGUSR1 link-groups)
+  a_fd=$(stats_field "$SRV" SIGUSR1 fds); a_pfd=$(fd_count "$LPID")
+else fail "no listener snapshot after the last connection"; fi
+wait "$SPID"; src=$?
 t1=$(date +%s.%N)
-settle || fail "listener still has connections after the sequence"
-a_rmb=$(stats_field "$SRV" SIGUSR1 rmbs-in-use); a_qp=$(stats_field "$SRV" SIGUSR1 qps)
-a_fd=$(stats_field "$SRV" SIGUSR1 fds); a_pfd=$(fd_count "$LPID")
 
 [ "$src" = 0 ] && ok "$SEQ sequential connections: client exit 0 ($(python3 -c "import sys; print(f'{float(sys.argv[2])-float(sys.argv[1]):.1f}')" "$t0" "$t1") s)" \
   || { fail "sequential client exit $src"; tail -n 5 "$WORK/seq.out"; show "$WORK/seq.err"; }
 n_ok=$(grep -c "^conn [0-9]* mode=SMC-R .* echo=ok" "$WORK/seq.out")
 [ "$n_ok" = "$SEQ" ] && ok "$SEQ connections SMC-R and verified" || fail "$n_ok of $SEQ SMC-R and verified"
 nolarger() {  # nolarger WHAT BEFORE AFTER
-  if [ -n "$2" ] && [ -n "$3" ] && [ "$3" -le "$2" ]; then ok "listener $1: $2 before, $3 after"
-  else fail "listener $1: $2 before, $3 after"; fi
+  if [ -n "$2" ] && [ -n "$3" ] && [ "$3" -le "$2" ]; then ok "listener $1: $2 after the first, $3 after the last"
+  else fail "listener $1: $2 after the first, $3 after the last"; fi
 }
+nolarger "link groups" "${b_lg:-}" "${a_lg:-}"
 nolarger "RMB elements in use" "$b_rmb" "$a_rmb"
+# Freed RMBs stay registered up to the link group's cache (StackConfig::rmb_cache,
+# 16 by default) for reuse: bounded, not a leak.
+if [ -n "${a_reg:-}" ] && [ "$a_reg" -le 16 ]; then ok "listener RMBs registered: ${b_reg:-?} after the first, $a_reg after the last (cache ≤ 16)"
+else fail "listener RMBs registered: ${b_reg:-?} after the first, ${a_reg:-?} after the last (cache is 16)"; fi
 nolarger "open QPs" "$b_qp" "$a_qp"
 nolarger "file descriptors (stats)" "$b_fd" "$a_fd"
 nolarger "file descriptors (/proc/$LPID/fd)" "$b_pfd" "$a_pfd"

@@ -94,6 +94,8 @@ pub struct ConnectArgs {
     pub concurrent: bool,
     /// With --concurrent: keep every connection open this many milliseconds after the
     /// transfers (and print "all N open" to stderr when that starts), then close them.
+    /// In sequence: pause this long after the first and after the last connection
+    /// ("holding after connection I" on stderr), the link group up and no connection open.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub hold_ms: u64,
     /// Fail (exit 1) when a connection is not SMC-R.
@@ -284,11 +286,20 @@ pub fn connect<N: Net>(net: &N, args: &ConnectArgs, inspect: &dyn Inspect) -> Re
                 transfer(&s, args.seed.wrapping_add(i as u64), len),
             );
             drop(s);
-            // A reference point for leak checks: the link group up, no connection;
-            // compared with the state at exit.
-            if i == 0 && args.stats && args.conns > 1 {
-                inspect.quiesce(Duration::from_secs(5));
-                print_stats(inspect, "after connection 1");
+            // Reference points for leak checks, with the link group up and no connection:
+            // after the first and after the last connection (the peer may take its own
+            // snapshots while this one holds).
+            if (i == 0 || i + 1 == args.conns) && args.conns > 1 {
+                if args.stats || args.hold_ms > 0 {
+                    inspect.quiesce(Duration::from_secs(5));
+                }
+                if args.stats && i == 0 {
+                    print_stats(inspect, "after connection 1");
+                }
+                if args.hold_ms > 0 {
+                    note(check.quiet, format!("holding after connection {}", i + 1));
+                    thread::sleep(Duration::from_millis(args.hold_ms));
+                }
             }
         }
         ok

@@ -207,13 +207,6 @@ fn exit(r: Result<()>, what: &str) -> ExitCode {
     }
 }
 
-/// Blocks SIGUSR1 (before the stack starts its threads) and makes it print `inspect`.
-fn stats_on_signal(inspect: &'static StackInspect<'static>) {
-    if let Err(e) = crate::signal::on_sigusr1(move || endpoint::print_stats(inspect, "SIGUSR1")) {
-        tracing::warn!("no SIGUSR1 handler: {e}");
-    }
-}
-
 /// Says once that the override policy is on (it is outside RFC 7609).
 fn note_policy(quiet: bool) {
     if quiet {
@@ -230,41 +223,74 @@ fn note_policy(quiet: bool) {
     }
 }
 
+/// Ends the stack's link groups in order (DELETE LINK) and waits for them to go, at most
+/// two seconds: the peers learn at once that this process is gone (see [`crate::signal`]).
+/// Connections still closing are given up to `drain` first: ending the link group would
+/// abort them, and the peer would lose data it has not read yet (RFC 7609 §4.8.2).
+fn terminate(stack: &Stack, drain: Duration) {
+    StackInspect(stack).quiesce(drain);
+    if stack.link_groups().is_empty() {
+        return;
+    }
+    stack.terminate_link_groups();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) && !stack.link_groups().is_empty() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The process's stack: the default one, or (with `bind`) the default configuration bound
+/// to that address. Lives until the process exits, so that the signal thread may use it.
+fn process_stack(bind: Option<IpAddr>) -> io::Result<&'static Stack> {
+    match bind {
+        None => Ok(Stack::global()),
+        Some(ip) => {
+            let mut c = StackConfig::from_env();
+            c.local_addr = Some(ip);
+            Ok(Box::leak(Box::new(Stack::new(c)?)))
+        }
+    }
+}
+
+/// Signals (blocked before the stack starts its threads): SIGUSR1 prints the stack's
+/// state when `stats`; SIGTERM/SIGINT end its link groups, then the process.
+fn start(bind: Option<IpAddr>, stats: bool, quiet: bool) -> io::Result<&'static Stack> {
+    crate::signal::block()?;
+    note_policy(quiet);
+    let stack = process_stack(bind)?;
+    crate::signal::handle(
+        move || {
+            if stats {
+                endpoint::print_stats(&StackInspect(stack), "SIGUSR1");
+            }
+        },
+        move || terminate(stack, Duration::from_secs(2)),
+    )?;
+    Ok(stack)
+}
+
 /// `smc listen`.
 pub fn listen(args: &ListenArgs) -> ExitCode {
-    let _ = crate::signal::block_sigusr1();
-    note_policy(args.quiet);
-    let stack = Stack::global();
-    static INSPECT: std::sync::OnceLock<StackInspect<'static>> = std::sync::OnceLock::new();
-    let inspect = INSPECT.get_or_init(|| StackInspect(Stack::global()));
-    if args.stats {
-        stats_on_signal(inspect);
-    }
-    exit(endpoint::listen(&SmcNet { stack }, args, inspect), "listen")
+    let r = start(None, args.stats, args.quiet)
+        .map_err(anyhow::Error::from)
+        .and_then(|stack| {
+            let r = endpoint::listen(&SmcNet { stack }, args, &StackInspect(stack));
+            terminate(stack, Duration::from_secs(30));
+            r
+        });
+    exit(r, "listen")
 }
 
 /// `smc connect`.
 pub fn connect(args: &ConnectArgs) -> ExitCode {
-    let _ = crate::signal::block_sigusr1();
-    note_policy(args.quiet);
-    let own;
-    let stack = match args.bind {
-        None => Stack::global(),
-        Some(ip) => {
-            // The process default, but bound to the given address.
-            let mut c = StackConfig::from_env();
-            c.local_addr = Some(ip);
-            own = match Stack::new(c) {
-                Ok(s) => s,
-                Err(e) => return exit(Err(e.into()), "connect"),
-            };
-            &own
-        }
-    };
-    exit(
-        endpoint::connect(&SmcNet { stack }, args, &StackInspect(stack)),
-        "connect",
-    )
+    let r = start(args.bind, args.stats, args.quiet)
+        .map_err(anyhow::Error::from)
+        .and_then(|stack| {
+            let r = endpoint::connect(&SmcNet { stack }, args, &StackInspect(stack));
+            terminate(stack, Duration::from_secs(30));
+            r
+        });
+    exit(r, "connect")
 }
 
 /// Options shared by `smc demo` and `smc bench`: where the two stacks live.
