@@ -12,6 +12,8 @@ have ip       || need+=(iproute2)
 have tc       || need+=(iproute2)
 have tcpdump  || need+=(tcpdump)
 have nc       || need+=(netcat-openbsd)
+# tests/system/smc-fallback.sh: a plain HTTP client against `smc listen`.
+have curl     || need+=(curl)
 have pkg-config || need+=(pkg-config)
 [ -e /usr/include/bpf/libbpf.h ] || need+=(libbpf-dev)
 [ -e /usr/include/gelf.h ]       || need+=(libelf-dev)
