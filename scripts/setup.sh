@@ -14,6 +14,8 @@ have tcpdump  || need+=(tcpdump)
 have nc       || need+=(netcat-openbsd)
 # tests/system/smc-fallback.sh: a plain HTTP client against `smc listen`.
 have curl     || need+=(curl)
+# tests/system/roce-netem.sh: loss/duplication with nftables when the kernel has no sch_netem.
+have nft      || need+=(nftables)
 have pkg-config || need+=(pkg-config)
 [ -e /usr/include/bpf/libbpf.h ] || need+=(libbpf-dev)
 [ -e /usr/include/gelf.h ]       || need+=(libelf-dev)

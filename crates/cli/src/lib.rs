@@ -8,6 +8,8 @@
 //! - [`capture`], [`extract`], [`roce`]: reading captures, finding the TCP option, CLC
 //!   messages in TCP streams and LLC/CDC messages in RoCEv2 SENDs (used by `decode` and by
 //!   the golden-vector tests).
+//! - [`rdma`]: `smc rdma ...`, tools around the software RoCEv2 RNIC (ibv_rc_pingpong and
+//!   ib_write_bw interop, loopback benchmark against TCP, opcode self-test, bulk transfer).
 
 pub mod bench;
 pub mod capture;
@@ -18,6 +20,7 @@ pub mod extract;
 pub mod harness;
 pub mod net;
 pub mod payload;
+pub mod rdma;
 pub mod roce;
 pub mod signal;
 pub mod smc_cmd;

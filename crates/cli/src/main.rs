@@ -29,6 +29,10 @@ enum Command {
     /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
     #[command(subcommand)]
     Bpf(smc_bpf::cli::BpfCommand),
+    /// RDMA tools on the software RoCEv2 RNIC: interop with rdma-core/perftest, benchmark,
+    /// self-test, bulk transfer.
+    #[command(subcommand)]
+    Rdma(smc_cli::rdma::RdmaCommand),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Connect(args) => smc_cli::smc_cmd::connect(&args),
         Command::Demo(args) => smc_cli::smc_cmd::demo(&args),
         Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
+        Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();
             match smc_bpf::cli::run(cmd) {

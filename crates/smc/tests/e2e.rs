@@ -1,4 +1,4 @@
-//! SMC-R end to end between two stacks in one process (127.0.0.1 ↔ 127.0.0.2 over the
+//! SMC-R end to end between two stacks in one process (two loopback addresses over the
 //! software RNIC): first and subsequent contact, data both ways, close.
 
 mod common;
@@ -188,4 +188,30 @@ fn rmbs_beyond_the_cache_are_deleted_with_delete_rkey() {
     assert!(srv.stats().rmbs_deleted >= 8, "{:?}", srv.stats());
     // The link group carries on.
     assert!(echo_once(&cli, addr, 99, 1000).is_smc());
+}
+
+#[test]
+fn one_stack_talks_to_itself() {
+    // Listener and client in one stack on one address: two link groups (server and
+    // client role) on the same device, like `SmcListener::bind` + `SmcStream::connect`
+    // with Stack::global() in one program.
+    init_tracing();
+    let st = smc::Stack::new(config(&ip(5), &ip(5))).unwrap();
+    let l = smc::SmcListener::bind_with(&st, (ip(5).as_str(), 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    let m = echo_once(&st, addr, 5, 200_000);
+    assert!(m.is_smc(), "{m}");
+    let m = echo_once(&st, addr, 6, 200_000);
+    assert!(
+        matches!(
+            m,
+            smc::Mode::Smc {
+                first_contact: false,
+                ..
+            }
+        ),
+        "{m}"
+    );
+    assert_eq!(st.link_groups().len(), 2);
 }

@@ -53,9 +53,9 @@ fn read_clc(s: &mut TcpStream) -> Vec<u8> {
     m
 }
 
-/// A scripted server on 127.0.0.2 running `f` on each accepted raw socket.
+/// A scripted server on the server address running `f` on each accepted raw socket.
 fn scripted_server(f: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr {
-    let l = TcpListener::bind((SERVER_IP, 0)).unwrap();
+    let l = TcpListener::bind((server_ip().as_str(), 0)).unwrap();
     let a = l.local_addr().unwrap();
     thread::spawn(move || {
         if let Some(Ok(s)) = l.incoming().next() {
@@ -67,7 +67,7 @@ fn scripted_server(f: impl Fn(TcpStream) + Send + Sync + 'static) -> SocketAddr 
 
 fn client_only(f: impl FnOnce(&mut smc::StackConfig)) -> smc::Stack {
     init_tracing();
-    let mut c = config(CLIENT_IP, SERVER_IP);
+    let mut c = config(&client_ip(), &server_ip());
     f(&mut c);
     smc::Stack::new(c).unwrap()
 }
@@ -75,8 +75,8 @@ fn client_only(f: impl FnOnce(&mut smc::StackConfig)) -> smc::Stack {
 #[test]
 fn fallback_to_a_plain_tcp_server() {
     let cli = client_only(|_| {});
-    // 127.0.0.3 is not in the client's override list and no TCP option is seen.
-    let addr = plain_echo_server("127.0.0.3");
+    // ip(3) is not in the client's override list and no TCP option is seen.
+    let addr = plain_echo_server(&ip(3));
     let s = SmcStream::connect_with(&cli, addr).unwrap();
     let Mode::Fallback { reason } = s.mode() else {
         panic!("expected fallback, got {}", s.mode())
@@ -190,7 +190,7 @@ fn server_resets_a_client_that_sends_garbage_or_nothing() {
         let sock =
             socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.bind(
-            &format!("{CLIENT_IP}:0")
+            &format!("{}:0", client_ip())
                 .parse::<SocketAddr>()
                 .unwrap()
                 .into(),
@@ -225,4 +225,84 @@ fn server_resets_a_client_that_sends_garbage_or_nothing() {
         srv.stats()
     );
     assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::WouldBlock);
+}
+
+/// A stack on `local` whose software RNIC drops or disturbs its outgoing packets.
+fn lossy_stack(local: &str, peer: &str, loss: f64, reorder: f64) -> smc::Stack {
+    let rnic = smc_softroce::SoftRoce::new(smc_softroce::Config {
+        faults: Some(smc_softroce::FaultConfig {
+            seed: 7,
+            loss,
+            reorder,
+            duplicate: reorder,
+        }),
+        ..smc_softroce::Config::default()
+    });
+    let mut c = config(local, peer);
+    c.provider = rnic;
+    smc::Stack::new(c).unwrap()
+}
+
+#[test]
+fn first_link_failure_declines_to_tcp() {
+    init_tracing();
+    // Nothing the server sends over RoCE arrives: its CONFIRM LINK fails (retries
+    // exhausted), it declines (RFC 7609 C.2: still allowed before its CONFIRM LINK went
+    // out) and both carry on over TCP.
+    let srv = lossy_stack(&ip(7), &ip(8), 1.0, 0.0);
+    let mut cc = config(&ip(8), &ip(7));
+    cc.clc.client_confirm_link_timeout = Duration::from_secs(20);
+    let cli = smc::Stack::new(cc).unwrap();
+    let l = smc::SmcListener::bind_with(&srv, (ip(7).as_str(), 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut b = [0u8; 25];
+        (&s).read_exact(&mut b).unwrap();
+        (&s).write_all(&b).unwrap();
+        (s.mode(), s)
+    });
+    let c = SmcStream::connect_with(&cli, addr).unwrap();
+    let Mode::Fallback { reason } = c.mode() else {
+        panic!("expected fallback, got {}", c.mode())
+    };
+    assert!(reason.peer.is_some(), "{reason}");
+    echo_check(&c);
+    let (m, _s) = t.join().unwrap();
+    assert!(!m.is_smc(), "{m}");
+    assert!(
+        wait_until(Duration::from_secs(5), || srv.stats().qps_open == 0
+            && cli.stats().qps_open == 0),
+        "{:?} / {:?}",
+        srv.stats(),
+        cli.stats()
+    );
+}
+
+#[test]
+fn data_survives_packet_loss_and_reordering() {
+    init_tracing();
+    let srv = lossy_stack(&ip(9), &ip(10), 0.02, 0.02);
+    let cli = lossy_stack(&ip(10), &ip(9), 0.02, 0.02);
+    let l = smc::SmcListener::bind_with(&srv, (ip(9).as_str(), 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    const N: usize = 4 << 20;
+    let t = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let s2 = s.try_clone().unwrap();
+        let tx = thread::spawn(move || send_stream(&s2, 21, N, 32 * 1024));
+        let rx = recv_stream(&s, N);
+        (tx.join().unwrap(), rx)
+    });
+    let c = SmcStream::connect_with(&cli, addr).unwrap();
+    assert!(c.mode().is_smc(), "{}", c.mode());
+    let c2 = c.try_clone().unwrap();
+    let tx = thread::spawn(move || send_stream(&c2, 22, N, 32 * 1024));
+    let (n, h) = recv_stream(&c, N);
+    let sent = tx.join().unwrap();
+    let (srv_sent, (sn, sh)) = t.join().unwrap();
+    assert_eq!((n, sn), (N, N));
+    assert_eq!(h, srv_sent);
+    assert_eq!(sh, sent);
+    drop(srv);
 }

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokio_round_trip() {
     let (srv, cli) = pair();
-    let l = smc::tokio::SmcListener::bind_with(&srv, (SERVER_IP, 0)).unwrap();
+    let l = smc::tokio::SmcListener::bind_with(&srv, (server_ip().as_str(), 0)).unwrap();
     let addr = l.local_addr().unwrap();
     let server = tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();

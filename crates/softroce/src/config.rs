@@ -37,6 +37,10 @@ pub const ENV_FAULTS: &str = "SMC_RS_SOFTROCE_FAULTS";
 pub const ENV_PORT: &str = "SMC_RS_SOFTROCE_PORT";
 /// Environment variable: peer UDP port.
 pub const ENV_PEER_PORT: &str = "SMC_RS_SOFTROCE_PEER_PORT";
+/// Environment variable: `1` sends runs of packets with UDP GSO (fewer
+/// trips through the kernel's IP stack; IPv4 only; a capture then shows
+/// GSO super-packets on loopback/veth).
+pub const ENV_GSO: &str = "SMC_RS_SOFTROCE_GSO";
 /// Environment variable: path MTU cap in bytes (256..4096).
 pub const ENV_MTU: &str = "SMC_RS_SOFTROCE_MTU";
 

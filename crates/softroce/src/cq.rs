@@ -73,6 +73,12 @@ impl CqShared {
     /// provider thread: directly when called from the engine, else the
     /// engine is asked to do it.
     pub(crate) fn fire(self: &Arc<Self>) {
+        self.fire_with(crate::device::on_engine_thread());
+    }
+
+    /// Like [`CqShared::fire`]; `direct` runs the handler on this thread
+    /// (only ever on the engine thread).
+    fn fire_with(self: &Arc<Self>, direct: bool) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
         unsafe {
@@ -82,7 +88,7 @@ impl CqShared {
                 8,
             )
         };
-        if crate::device::on_engine_thread() {
+        if direct {
             self.run_handler();
         } else if let Some(dev) = self.dev.upgrade() {
             dev.defer_fire(self.clone());
@@ -141,7 +147,9 @@ impl CqOps for SoftCq {
             waiting
         };
         if fire_now {
-            self.shared.fire();
+            // Never call the handler from inside req_notify (a handler that
+            // re-arms would recurse): the engine runs it.
+            self.shared.fire_with(false);
         }
     }
     fn event_fd(&self) -> RawFd {

@@ -29,7 +29,7 @@ pub(crate) const SLOT: usize = 4096 + 128;
 /// Packets per sendmmsg/recvmmsg call.
 pub(crate) const BATCH: usize = 32;
 /// Longest the engine sleeps when nothing is scheduled.
-const IDLE_WAIT: Duration = Duration::from_millis(100);
+const IDLE_WAIT: Duration = Duration::from_millis(20);
 
 thread_local! {
     /// Per-thread transmit batch (allocated once per thread).
@@ -162,45 +162,129 @@ impl TxBatch {
     pub(crate) fn flush(&mut self, dev: &DevShared) {
         let mut start = 0;
         while start < self.n {
-            let cnt = self.n - start;
             let mut iov: [libc::iovec; BATCH] = [libc::iovec {
                 iov_base: std::ptr::null_mut(),
                 iov_len: 0,
             }; BATCH];
             // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
             let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-            for k in 0..cnt {
-                let i = start + k;
+            let mut cmsgs = [[0u64; 4]; BATCH];
+            let mut firsts = [0usize; BATCH];
+            // One message per packet, or with UDP GSO one message per run of
+            // equal-sized packets to the same peer (the last may be shorter).
+            let mut m = 0;
+            let mut i = start;
+            while i < self.n {
                 let Some(dst) = self.dsts[i].as_ref() else {
+                    i += 1;
                     continue;
                 };
-                iov[k].iov_base = self.bufs[i].as_mut_ptr() as *mut libc::c_void;
-                iov[k].iov_len = self.lens[i];
-                hdrs[k].msg_hdr.msg_name = dst.as_ptr() as *mut libc::c_void;
-                hdrs[k].msg_hdr.msg_namelen = dst.len();
-                hdrs[k].msg_hdr.msg_iov = &mut iov[k];
-                hdrs[k].msg_hdr.msg_iovlen = 1;
-            }
-            // SAFETY: `hdrs[..cnt]` point at live buffers, iovecs and
-            // socket addresses owned by `self`/this frame for the call.
-            let r =
-                unsafe { libc::sendmmsg(dev.sock.as_raw_fd(), hdrs.as_mut_ptr(), cnt as u32, 0) };
-            if r <= 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
+                let seg = self.lens[i];
+                let mut j = i + 1;
+                if dev.gso {
+                    while j < self.n
+                        && j - i < GSO_MAX_SEGS
+                        && self.dsts[j].as_ref() == Some(dst)
+                        && self.lens[j] <= seg
+                        && (j - i + 1) * seg <= GSO_MAX_BYTES
+                    {
+                        let shorter = self.lens[j] < seg;
+                        j += 1;
+                        if shorter {
+                            break;
+                        }
+                    }
                 }
-                // UDP: the packet is lost; RC retransmission recovers.
-                dev.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::trace!(error = %e, "sendmmsg failed");
-                start += 1;
-            } else {
-                dev.stats.tx_packets.fetch_add(r as u64, Ordering::Relaxed);
-                start += r as usize;
+                for (k, idx) in (i..j).enumerate() {
+                    if k > 0 {
+                        // The kernel numbers GSO segments' IPv4 IDs from 0.
+                        patch_icrc(&mut self.bufs[idx][..self.lens[idx]], k as u16);
+                    }
+                    iov[idx].iov_base = self.bufs[idx].as_mut_ptr() as *mut libc::c_void;
+                    iov[idx].iov_len = self.lens[idx];
+                }
+                let h = &mut hdrs[m].msg_hdr;
+                h.msg_name = dst.as_ptr() as *mut libc::c_void;
+                h.msg_namelen = dst.len();
+                h.msg_iov = &mut iov[i];
+                h.msg_iovlen = j - i;
+                if j - i > 1 {
+                    let buf = &mut cmsgs[m];
+                    h.msg_control = buf.as_mut_ptr() as *mut libc::c_void;
+                    // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer;
+                    // the header is written through the libc macros into it.
+                    unsafe {
+                        h.msg_controllen = libc::CMSG_SPACE(2) as usize;
+                        let c = libc::CMSG_FIRSTHDR(h);
+                        (*c).cmsg_level = SOL_UDP;
+                        (*c).cmsg_type = UDP_SEGMENT;
+                        (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg as u16);
+                    }
+                }
+                firsts[m] = j;
+                m += 1;
+                i = j;
             }
+            if m == 0 {
+                break;
+            }
+            // SAFETY: `hdrs[..m]` point at live buffers, iovecs, control
+            // buffers and socket addresses owned by `self`/this frame.
+            let r = unsafe { libc::sendmmsg(dev.sock.as_raw_fd(), hdrs.as_mut_ptr(), m as u32, 0) };
+            let sent = if r <= 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    // UDP: the message is lost; RC retransmission recovers.
+                    dev.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::trace!(error = %e, "sendmmsg failed");
+                    1
+                } else {
+                    0
+                }
+            } else {
+                r as usize
+            };
+            let upto = if sent == 0 { start } else { firsts[sent - 1] };
+            if r > 0 {
+                dev.stats
+                    .tx_packets
+                    .fetch_add((upto - start) as u64, Ordering::Relaxed);
+            }
+            // Undo the ID patches of messages not sent (they are regrouped,
+            // identically, on the next pass).
+            let mut g = upto;
+            for &end in &firsts[sent..m] {
+                for (k, idx) in (g..end).enumerate() {
+                    if k > 0 {
+                        patch_icrc(&mut self.bufs[idx][..self.lens[idx]], k as u16);
+                    }
+                }
+                g = end;
+            }
+            start = upto;
         }
         self.n = 0;
     }
+}
+
+const SOL_UDP: i32 = 17;
+const UDP_SEGMENT: i32 = 103;
+const UDP_GRO: i32 = 104;
+/// Linux UDP_MAX_SEGMENTS is 64 (128 on newer kernels); 15 segments of
+/// 4112 bytes stay below the 64 KiB datagram limit.
+const GSO_MAX_SEGS: usize = 64;
+const GSO_MAX_BYTES: usize = 65_000;
+
+/// Rewrites the ICRC of a packet (computed for IPv4 ID 0) for ID `id`.
+fn patch_icrc(pkt: &mut [u8], id: u16) {
+    let n = pkt.len();
+    if n < 4 {
+        return;
+    }
+    let old = u32::from_le_bytes([pkt[n - 4], pkt[n - 3], pkt[n - 2], pkt[n - 1]]);
+    let new = old ^ icrc::ipv4_id_delta(n, id);
+    pkt[n - 4..].copy_from_slice(&new.to_le_bytes());
 }
 
 /// Engine-visible device state.
@@ -211,6 +295,8 @@ pub(crate) struct DevShared {
     pub(crate) peer_port: u16,
     pub(crate) sock: Socket,
     pub(crate) mrs: MrTable,
+    /// Send runs of equal-sized packets with UDP GSO (IPv4 only).
+    gso: bool,
     qps: RwLock<HashMap<u32, Arc<QpShared>>>,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
@@ -241,14 +327,26 @@ impl DevShared {
         };
     }
 
-    /// Wakes the engine if a new deadline (or work) comes before its own
-    /// planned wake-up. Called from application threads.
+    /// Wakes the engine if a new timer deadline (or work) needs it before
+    /// its own planned wake-up. Called after every QP operation, so it must
+    /// rarely cost a wake-up: a timer may fire up to its own duration late
+    /// (IBA timers are minimums), which spares the engine one wake-up per
+    /// posted message.
     pub(crate) fn wake_if_later(&self, deadline_ns: u64, work: bool) {
         if on_engine_thread() {
             return;
         }
         let planned = self.engine_wake_ns.load(Ordering::Acquire);
-        if work || (deadline_ns != 0 && deadline_ns < planned) {
+        if work {
+            self.wake();
+            return;
+        }
+        if deadline_ns == 0 || planned == 0 {
+            return; // no timer, or the engine is awake and will look
+        }
+        let now = self.ns_since_epoch(Instant::now());
+        let slack = deadline_ns.saturating_sub(now);
+        if planned > deadline_ns.saturating_add(slack) {
             self.wake();
         }
     }
@@ -474,6 +572,12 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         }
     }
     sock.bind(&SocketAddr::new(local, port).into())?;
+    let gso =
+        local.is_ipv4() && std::env::var(crate::config::ENV_GSO).is_ok_and(|v| v.trim() == "1");
+    if gso {
+        // Receive GSO trains whole (no per-segment trip through the stack).
+        setsockopt_int(fd, SOL_UDP, UDP_GRO, 1);
+    }
     let (netdev, mtu, mac) = match netdev_for(local) {
         Some((n, m, mac)) => (Some(n), m, mac),
         None => (None, 1500, None),
@@ -513,6 +617,7 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         peer_port,
         sock,
         mrs: MrTable::default(),
+        gso,
         qps: RwLock::new(HashMap::new()),
         next_qpn: AtomicU32::new(17),
         next_pd: AtomicU32::new(1),
@@ -544,8 +649,11 @@ pub fn stats(dev: &smc_verbs::Device) -> Option<&Stats> {
 }
 
 struct RxBatch {
-    bufs: Box<[[u8; SLOT]]>,
+    /// BATCH slots of `slot` bytes (64 KiB with UDP GRO, else SLOT).
+    bufs: Vec<u8>,
+    slot: usize,
     addrs: Box<[libc::sockaddr_storage; BATCH]>,
+    ctrl: Box<[[u64; 4]; BATCH]>,
 }
 
 fn sockaddr_ip(sa: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
@@ -572,10 +680,13 @@ fn sockaddr_ip(sa: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
 
 fn engine(dev: Arc<DevShared>) {
     IS_ENGINE.with(|c| c.set(true));
+    let slot = if dev.gso { 65_536 } else { SLOT };
     let mut rx = RxBatch {
-        bufs: vec![[0u8; SLOT]; BATCH].into_boxed_slice(),
+        bufs: vec![0u8; slot * BATCH],
+        slot,
         // SAFETY: sockaddr_storage is plain old data.
         addrs: Box::new(unsafe { std::mem::zeroed() }),
+        ctrl: Box::new([[0u64; 4]; BATCH]),
     };
     let mut touched: Vec<Arc<QpShared>> = Vec::with_capacity(BATCH);
     let mut service: Vec<Arc<QpShared>> = Vec::new();
@@ -614,13 +725,16 @@ fn engine(dev: Arc<DevShared>) {
             cq.run_handler();
         }
         // Sleep until a packet, a wake-up or the next deadline.
-        let timeout_ms = if busy {
+        let timeout_ns = if busy {
             0
         } else {
             let now_ns = dev.ns_since_epoch(Instant::now());
-            (next_ns.saturating_sub(now_ns))
-                .div_ceil(1_000_000)
-                .min(i32::MAX as u64) as i32
+            next_ns.saturating_sub(now_ns)
+        };
+        // Microsecond-precision sleep (delayed ACKs, short RNR timers).
+        let ts = libc::timespec {
+            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
         };
         dev.engine_wake_ns
             .store(if busy { 0 } else { next_ns }, Ordering::Release);
@@ -636,8 +750,8 @@ fn engine(dev: Arc<DevShared>) {
                 revents: 0,
             },
         ];
-        // SAFETY: two valid pollfds for the duration of the call.
-        let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, timeout_ms) };
+        // SAFETY: two valid pollfds and a timespec for the duration of the call.
+        let r = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, &ts, std::ptr::null()) };
         dev.engine_wake_ns.store(0, Ordering::Release);
         if r < 0 {
             continue;
@@ -660,7 +774,20 @@ fn engine(dev: Arc<DevShared>) {
         loop {
             let n = recv_batch(&dev, &mut rx);
             for i in 0..n.len {
-                handle_packet(&dev, &rx, i, n.lens[i], &mut touched);
+                let Some((src, sport)) = sockaddr_ip(&rx.addrs[i]) else {
+                    continue;
+                };
+                let dgram = &rx.bufs[i * rx.slot..i * rx.slot + n.lens[i]];
+                // With UDP GRO a datagram holds several packets of `seg`
+                // bytes (the last may be shorter).
+                let seg = if n.segs[i] == 0 {
+                    dgram.len().max(1)
+                } else {
+                    n.segs[i]
+                };
+                for pkt in dgram.chunks(seg) {
+                    handle_packet(&dev, pkt, src, sport, &mut touched);
+                }
             }
             for qp in touched.drain(..) {
                 qp.after_batch();
@@ -677,6 +804,8 @@ fn engine(dev: Arc<DevShared>) {
 struct RecvResult {
     len: usize,
     lens: [usize; BATCH],
+    /// GRO segment size per datagram (0: one packet).
+    segs: [usize; BATCH],
 }
 
 fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
@@ -686,13 +815,18 @@ fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
     }; BATCH];
     // SAFETY: mmsghdr is plain old data.
     let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-    for i in 0..BATCH {
-        iov[i].iov_base = rx.bufs[i].as_mut_ptr() as *mut libc::c_void;
-        iov[i].iov_len = SLOT;
-        hdrs[i].msg_hdr.msg_name = &mut rx.addrs[i] as *mut _ as *mut libc::c_void;
-        hdrs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-        hdrs[i].msg_hdr.msg_iov = &mut iov[i];
-        hdrs[i].msg_hdr.msg_iovlen = 1;
+    let slot = rx.slot;
+    for (i, (io, h)) in iov.iter_mut().zip(hdrs.iter_mut()).enumerate() {
+        io.iov_base = rx.bufs[i * slot..].as_mut_ptr() as *mut libc::c_void;
+        io.iov_len = slot;
+        h.msg_hdr.msg_name = &mut rx.addrs[i] as *mut _ as *mut libc::c_void;
+        h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+        h.msg_hdr.msg_iov = io;
+        h.msg_hdr.msg_iovlen = 1;
+        if dev.gso {
+            h.msg_hdr.msg_control = rx.ctrl[i].as_mut_ptr() as *mut libc::c_void;
+            h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 4]>();
+        }
     }
     // SAFETY: every header points at buffers owned by `rx`/this frame.
     let r = unsafe {
@@ -707,16 +841,31 @@ fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
     let mut out = RecvResult {
         len: 0,
         lens: [0; BATCH],
+        segs: [0; BATCH],
     };
     if r > 0 {
         out.len = r as usize;
-        for (l, h) in out.lens.iter_mut().zip(&hdrs[..r as usize]) {
+        for (i, h) in hdrs[..r as usize].iter().enumerate() {
             // A truncated datagram is larger than any valid packet.
-            *l = if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+            out.lens[i] = if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 0
             } else {
                 h.msg_len as usize
             };
+            if dev.gso && h.msg_hdr.msg_controllen > 0 {
+                // SAFETY: walking the control buffer the kernel filled,
+                // with the libc macros, within msg_controllen.
+                unsafe {
+                    let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                    while !c.is_null() {
+                        if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                            let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32);
+                            out.segs[i] = v.max(0) as usize;
+                        }
+                        c = libc::CMSG_NXTHDR(&h.msg_hdr, c);
+                    }
+                }
+            }
         }
     }
     out
@@ -734,16 +883,28 @@ fn icrc_ok(dev: &DevShared, src: IpAddr, sport: u16, pkt: &[u8]) -> bool {
                 id: 0,
                 flags_frag: IPV4_DF,
             };
-            if icrc::verify(&ip, sport, dev.local_port, pkt) {
-                return true;
+            // One CRC pass: ID 0 verifies directly, any other ID is
+            // recovered from the syndrome.
+            match icrc::recover_ipv4_id(&ip, sport, dev.local_port, pkt) {
+                Some(0) => true,
+                Some(_) => {
+                    dev.stats
+                        .rx_icrc_id_recovered
+                        .fetch_add(1, Ordering::Relaxed);
+                    true
+                }
+                // RoCE senders set DF, but the flags are covered unmasked:
+                // accept a sender that does not.
+                None => {
+                    let no_df = IpInfo::V4 {
+                        src: s,
+                        dst: d,
+                        id: 0,
+                        flags_frag: 0,
+                    };
+                    icrc::recover_ipv4_id(&no_df, sport, dev.local_port, pkt).is_some()
+                }
             }
-            if icrc::recover_ipv4_id(&ip, sport, dev.local_port, pkt).is_some() {
-                dev.stats
-                    .rx_icrc_id_recovered
-                    .fetch_add(1, Ordering::Relaxed);
-                return true;
-            }
-            false
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             icrc::verify(&IpInfo::V6 { src: s, dst: d }, sport, dev.local_port, pkt)
@@ -754,15 +915,11 @@ fn icrc_ok(dev: &DevShared, src: IpAddr, sport: u16, pkt: &[u8]) -> bool {
 
 fn handle_packet(
     dev: &DevShared,
-    rx: &RxBatch,
-    i: usize,
-    len: usize,
+    pkt: &[u8],
+    src: IpAddr,
+    sport: u16,
     touched: &mut Vec<Arc<QpShared>>,
 ) {
-    let pkt = &rx.bufs[i][..len];
-    let Some((src, sport)) = sockaddr_ip(&rx.addrs[i]) else {
-        return;
-    };
     let src = match src {
         IpAddr::V6(v6) => v6
             .to_ipv4_mapped()

@@ -170,11 +170,46 @@ pub fn recover_ipv4_id(ip: &IpInfo, sport: u16, dport: u16, pkt: &[u8]) -> Optio
     if syndrome == 0 {
         return Some(0);
     }
-    // Bytes covered after the ID field: rest of the IPv4 header (14) + UDP
-    // (8) + packet without its ICRC.
-    let trailing = 14 + 8 + pkt.len().checked_sub(4)?;
-    let basis = id_basis(trailing);
-    solve(&basis, syndrome)
+    pkt.len().checked_sub(4)?;
+    solve(&cached_basis(pkt.len()), syndrome)
+}
+
+/// How the ICRC of an IPv4 packet of `pkt_len` bytes (UDP payload, ICRC
+/// included) changes when its identification changes from 0 to `id`. Used
+/// to give each segment of a UDP GSO send the ICRC for the ID the kernel
+/// assigns it.
+pub fn ipv4_id_delta(pkt_len: usize, id: u16) -> u32 {
+    if pkt_len < 4 {
+        return 0;
+    }
+    let basis = cached_basis(pkt_len);
+    (0..16)
+        .filter(|i| id & (1 << i) != 0)
+        .fold(0, |acc, i| acc ^ basis[i])
+}
+
+/// The ID basis for a packet length, from a small per-thread cache (a
+/// stream of packets has few distinct lengths).
+fn cached_basis(pkt_len: usize) -> [u32; 16] {
+    /// (packet length, basis) entries and the next slot to replace.
+    type Cache = ([(usize, [u32; 16]); 8], usize);
+    thread_local! {
+        static CACHE: std::cell::RefCell<Cache> =
+            const { std::cell::RefCell::new(([(usize::MAX, [0; 16]); 8], 0)) };
+    }
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some((_, b)) = c.0.iter().find(|(l, _)| *l == pkt_len) {
+            return *b;
+        }
+        // Bytes covered after the ID field: rest of the IPv4 header (14) +
+        // UDP (8) + packet without its ICRC.
+        let b = id_basis(14 + 8 + pkt_len - 4);
+        let slot = c.1;
+        c.0[slot] = (pkt_len, b);
+        c.1 = (slot + 1) % 8;
+        b
+    })
 }
 
 /// `L(1 << i)` for i in 0..16: the raw CRC (no init, no xorout) of the
@@ -305,6 +340,16 @@ mod tests {
             fill(&ip, 1234, 4791, &mut pkt);
             assert!(verify(&ip, 1234, 4791, &pkt));
             assert_eq!(recover_ipv4_id(&ip, 1234, 4791, &pkt), Some(id));
+            let zero = IpInfo::V4 {
+                src: Ipv4Addr::new(10, 0, 0, 1),
+                dst: Ipv4Addr::new(10, 0, 0, 2),
+                id: 0,
+                flags_frag: IPV4_DF,
+            };
+            assert_eq!(
+                compute(&zero, 1234, 4791, &pkt) ^ ipv4_id_delta(pkt.len(), id),
+                compute(&ip, 1234, 4791, &pkt)
+            );
             // Any single corrupted bit in the body is detected.
             pkt[20] ^= 0x10;
             assert_eq!(recover_ipv4_id(&ip, 1234, 4791, &pkt), None);

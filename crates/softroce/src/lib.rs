@@ -14,6 +14,15 @@
 //! * `device`: the UDP socket and the per-device progress engine thread.
 //! * `fault`: a seeded loss/reorder/duplicate injector on the send path.
 //!
+//! Configuration comes from [`Config`] (or the environment for
+//! [`SoftRoce::global`], see [`config`]): `SMC_RS_SOFTROCE_FAULTS`,
+//! `SMC_RS_SOFTROCE_MTU`, `SMC_RS_SOFTROCE_PORT`, `SMC_RS_SOFTROCE_PEER_PORT`,
+//! and `SMC_RS_SOFTROCE_GSO=1` (UDP GSO/GRO for trains of packets, IPv4).
+//!
+//! Limits: RC only (no UD, SRQ, memory windows, SEND with invalidate, APM);
+//! at most 8 SGEs and 256 bytes of inline data per work request; one device
+//! per local address per process.
+//!
 //! ```no_run
 //! use smc_softroce::{open_device, Config};
 //! let dev = open_device("127.0.0.1".parse().unwrap(), &Config::default()).unwrap();

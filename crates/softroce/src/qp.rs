@@ -36,8 +36,13 @@ use crate::wire::{
 pub(crate) const MAX_SGE: usize = 8;
 /// Maximum inline data per send work request.
 pub(crate) const MAX_INLINE: usize = 256;
-/// Packets a requester keeps in flight before waiting for ACKs.
+/// Most packets a requester keeps in flight before waiting for ACKs.
 const WINDOW: i32 = 256;
+/// Smallest congestion window. IBA has no congestion control, but with
+/// go-back-N every loss costs a whole window of retransmissions, so the
+/// window shrinks on loss (NAK sequence error, ACK timeout) and grows back
+/// by one packet per acknowledged packet batch (AIMD).
+const MIN_WINDOW: i32 = 8;
 /// Inside long messages, AckReq is set every this many packets (ACK-3).
 const ACK_EVERY: u32 = 64;
 /// Read response packets one service pass emits per QP.
@@ -204,9 +209,12 @@ pub(crate) struct QpInner {
     next_wqe: usize,
     next_pkt: u32,
     psn: u32,
+    /// One past the highest PSN ever sent.
+    max_psn: u32,
     una: u32,
     retry_left: u8,
     rnr_left: u8,
+    cwnd: i32,
     timer: Option<Instant>,
     rnr_until: Option<Instant>,
     last_rewind: Option<u32>,
@@ -394,9 +402,11 @@ impl QpInner {
             next_wqe: 0,
             next_pkt: 0,
             psn: 0,
+            max_psn: 0,
             una: 0,
             retry_left: 7,
             rnr_left: 7,
+            cwnd: WINDOW,
             timer: None,
             rnr_until: None,
             last_rewind: None,
@@ -418,12 +428,11 @@ impl QpInner {
         }
     }
 
+    /// Work the engine must do without a packet or timer to trigger it:
+    /// only streaming READ responses. (The send queue advances on ACKs and
+    /// timers, which already run through the engine.)
     fn has_work(&self) -> bool {
         !self.pending_reads.is_empty()
-            || (self.state == QpState::Rts
-                && self.rnr_until.is_none()
-                && self.next_wqe < self.sq.len()
-                && psn_diff(self.psn, self.una) < WINDOW)
     }
 
     // ----- completions and errors -------------------------------------
@@ -703,7 +712,7 @@ impl QpInner {
         if self.state != QpState::Rts || self.rnr_until.is_some() || self.path.is_none() {
             return;
         }
-        while self.next_wqe < self.sq.len() && psn_diff(self.psn, self.una) < WINDOW {
+        while self.next_wqe < self.sq.len() && psn_diff(self.psn, self.una) < self.cwnd {
             let i = self.next_wqe;
             if self.next_pkt == 0 {
                 if let Some(st) = self.sq[i].local_err {
@@ -745,12 +754,16 @@ impl QpInner {
         let mut bth = BthRepr {
             opcode: Opcode::SendOnly,
             se: last && w.solicited,
-            mig_req: true,
+            mig_req: false, // rxe sends 0 (no APM)
             pad_count: 0,
             pkey: 0xffff,
             resv8a: 0,
             dest_qp,
-            ack_req: last || (k + 1).is_multiple_of(ACK_EVERY),
+            // ACK-3: on the last packet, periodically, and when the window
+            // fills so that it opens again promptly.
+            ack_req: last
+                || (k + 1).is_multiple_of(ACK_EVERY)
+                || psn_diff(psn_add(psn, 1), self.una) >= self.cwnd,
             resv7: 0,
             psn,
         };
@@ -869,6 +882,9 @@ impl QpInner {
             );
         }
         self.psn = psn_add(self.psn, advance);
+        if psn_diff(self.psn, self.max_psn) > 0 {
+            self.max_psn = self.psn;
+        }
         self.next_pkt += advance;
         if self.next_pkt >= n {
             self.next_wqe += 1;
@@ -876,13 +892,22 @@ impl QpInner {
         }
     }
 
-    /// Go-back-N: the next packet sent is the one with PSN `p` (RTY-1, RTY-4).
+    /// Repositions transmission so that the next packet sent is the one
+    /// with PSN `p`: backwards for go-back-N (RTY-1, RTY-4), forwards when
+    /// an ACK covers packets sent before an earlier rewind. PSN ranges of
+    /// WQEs that were ever started stay valid (segmentation is
+    /// deterministic).
     fn rewind(&mut self, p: u32) {
-        let upto = (self.next_wqe + 1).min(self.sq.len());
-        for j in 0..upto {
+        for j in 0..self.sq.len() {
             let w = &self.sq[j];
-            if j == self.next_wqe && self.next_pkt == 0 {
-                break; // not started
+            if w.npkts == 0 {
+                // First never-started WQE: `p` is the high-water mark.
+                if p == self.max_psn {
+                    self.next_wqe = j;
+                    self.next_pkt = 0;
+                    self.psn = p;
+                }
+                return;
             }
             let d = psn_diff(p, w.first_psn);
             if d >= 0 && (d as u32) < w.npkts {
@@ -893,11 +918,16 @@ impl QpInner {
                 return;
             }
         }
+        if p == self.max_psn {
+            self.next_wqe = self.sq.len();
+            self.next_pkt = 0;
+            self.psn = p;
+        }
     }
 
     fn update_una(&mut self, acked: Option<u32>) {
         self.una = match self.sq.front() {
-            Some(w) if self.next_wqe > 0 || self.next_pkt > 0 => {
+            Some(w) if w.npkts > 0 => {
                 if w.rd_atomic() {
                     psn_add(w.first_psn, w.read_got)
                 } else {
@@ -907,15 +937,20 @@ impl QpInner {
                     }
                 }
             }
-            _ => self.psn,
+            _ => self.max_psn,
         };
     }
 
+    fn outstanding(&self) -> bool {
+        self.una != self.max_psn
+    }
+
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        self.cwnd = (self.cwnd + 1).min(WINDOW);
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
         self.last_rewind = None;
-        self.timer = if self.una != self.psn {
+        self.timer = if self.outstanding() {
             self.timeout.map(|t| ctx.now + t)
         } else {
             None
@@ -925,12 +960,19 @@ impl QpInner {
     /// Cumulative acknowledgement of every PSN up to `p` (ACK-2). Returns
     /// whether anything new was acknowledged.
     fn ack_upto(&mut self, ctx: &mut Ctx<'_>, p: u32) -> bool {
-        if psn_diff(p, self.una) < -1 || psn_diff(p, self.psn) >= 0 {
+        if psn_diff(p, self.una) < -1 || psn_diff(p, self.max_psn) >= 0 {
             return false;
         }
         let mut advanced = psn_diff(p, self.una) >= 0;
-        while self.next_wqe > 0 {
-            let Some(w) = self.sq.front() else { break };
+        let next = psn_add(p, 1);
+        if psn_diff(next, self.psn) > 0 {
+            // Acknowledged beyond what we are retransmitting: skip ahead.
+            self.rewind(next);
+        }
+        while let Some(w) = self.sq.front() {
+            if w.npkts == 0 || self.next_wqe == 0 {
+                break;
+            }
             let last = psn_add(w.first_psn, w.npkts.saturating_sub(1));
             if w.rd_atomic() {
                 // An ACK beyond an unanswered READ/atomic means its response
@@ -985,15 +1027,19 @@ impl QpInner {
                 }
                 self.ack_upto(ctx, psn_add(psn, PSN_MASK));
                 let Some(w) = self.sq.front() else { return };
-                if self.next_wqe == 0 || !w.rd_atomic() || w.first_psn != psn || w.read_got != 0 {
-                    return;
-                }
-                if matches!(w.op, SendOp::RdmaRead { .. }) {
+                if w.npkts == 0
+                    || !w.rd_atomic()
+                    || matches!(w.op, SendOp::RdmaRead { .. })
+                    || w.first_psn != psn
+                {
                     return;
                 }
                 scatter(&w.segs, 0, &orig.to_ne_bytes());
+                if psn_diff(psn_add(psn, 1), self.psn) > 0 {
+                    self.rewind(psn_add(psn, 1));
+                }
                 if let Some(w) = self.sq.pop_front() {
-                    self.next_wqe -= 1;
+                    self.next_wqe = self.next_wqe.saturating_sub(1);
                     self.complete_send(ctx, &w, WcStatus::Success);
                 }
                 self.update_una(None);
@@ -1018,8 +1064,11 @@ impl QpInner {
         let psn = p.repr.bth.psn;
         // Find the READ this response belongs to.
         let mut found = None;
-        for j in 0..self.next_wqe.min(self.sq.len()) {
+        for j in 0..self.sq.len() {
             let w = &self.sq[j];
+            if w.npkts == 0 {
+                break;
+            }
             let d = psn_diff(psn, w.first_psn);
             if matches!(w.op, SendOp::RdmaRead { .. }) && d >= 0 && (d as u32) < w.npkts {
                 found = Some(j);
@@ -1043,10 +1092,9 @@ impl QpInner {
         if j > 0 {
             let read_first = self.sq[j].first_psn;
             self.ack_upto(ctx, psn_add(read_first, PSN_MASK));
-            let at_front = self.next_wqe > 0
-                && self.sq.front().is_some_and(|w| {
-                    matches!(w.op, SendOp::RdmaRead { .. }) && w.first_psn == read_first
-                });
+            let at_front = self.sq.front().is_some_and(|w| {
+                matches!(w.op, SendOp::RdmaRead { .. }) && w.first_psn == read_first
+            });
             if !at_front {
                 return;
             }
@@ -1063,14 +1111,19 @@ impl QpInner {
         let off = k as usize * self.mtu;
         let len = (w.len as usize).saturating_sub(off).min(self.mtu);
         if p.repr.bth.opcode != want || p.payload_len != len {
-            tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response ignored");
-            return;
+            // The expected response, but with the wrong opcode or length:
+            // the responder is broken (IBA "bad response").
+            tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response");
+            return self.fail_front(ctx, WcStatus::BadRespErr);
         }
         scatter(&w.segs, off, &pkt[p.payload_off..p.payload_off + len]);
         self.sq[0].read_got += 1;
+        if psn_diff(psn_add(psn, 1), self.psn) > 0 {
+            self.rewind(psn_add(psn, 1));
+        }
         if self.sq[0].read_got == n {
             if let Some(w) = self.sq.pop_front() {
-                self.next_wqe -= 1;
+                self.next_wqe = self.next_wqe.saturating_sub(1);
                 self.complete_send(ctx, &w, WcStatus::Success);
             }
         }
@@ -1081,7 +1134,7 @@ impl QpInner {
 
     fn on_nak(&mut self, ctx: &mut Ctx<'_>, psn: u32, syn: Syndrome) {
         // Only NAKs for PSNs in flight count.
-        if psn_diff(psn, self.una) < 0 || psn_diff(psn, self.psn) >= 0 {
+        if psn_diff(psn, self.una) < 0 || psn_diff(psn, self.max_psn) >= 0 {
             return;
         }
         self.ack_upto(ctx, psn_add(psn, PSN_MASK));
@@ -1090,7 +1143,15 @@ impl QpInner {
         }
         match syn {
             Syndrome::NakPsnSeqError => {
+                if self.rnr_until.is_some() || self.last_rewind == Some(psn) {
+                    // Packets that followed an RNR-NAKed one (the RNR wait
+                    // already rewound), or a duplicate of a NAK we acted on
+                    // without progress since.
+                    return;
+                }
+                self.last_rewind = Some(psn);
                 // RTY-4: retransmit from the NAK'd PSN without using a retry.
+                self.cwnd = (self.cwnd / 2).max(MIN_WINDOW);
                 self.rewind(psn);
                 self.timer = self.timeout.map(|t| ctx.now + t);
                 self.pump(ctx);
@@ -1124,12 +1185,13 @@ impl QpInner {
         }
         if self.timer.is_some_and(|t| t <= now) {
             self.timer = None;
-            if self.state == QpState::Rts && self.una != self.psn {
+            if self.state == QpState::Rts && self.outstanding() {
                 // RTY-1: local ACK timeout.
                 if self.retry_left == 0 {
                     return self.fail_front(ctx, WcStatus::RetryExcErr);
                 }
                 self.retry_left -= 1;
+                self.cwnd = MIN_WINDOW;
                 tracing::trace!(
                     qpn = ctx.qp.qpn,
                     psn = self.una,
@@ -1772,6 +1834,7 @@ impl QpOps for SoftQp {
             i.modify(ctx, QpState::Rts)?;
             if from == QpState::Rtr {
                 i.psn = attr.sq_psn;
+                i.max_psn = attr.sq_psn;
                 i.una = attr.sq_psn;
             }
             i.timeout = (attr.timeout != 0)

@@ -323,7 +323,7 @@ pub struct BthRepr {
     pub opcode: Opcode,
     /// Solicited event.
     pub se: bool,
-    /// MigReq (rxe sets it on every packet; APM is not used).
+    /// MigReq (APM; Linux rxe sends 0, as we do).
     pub mig_req: bool,
     /// Pad count: bytes of padding after the payload.
     pub pad_count: u8,

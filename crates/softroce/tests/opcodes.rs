@@ -120,6 +120,18 @@ fn inline_send_and_unsignaled() {
         flags: SendFlags::INLINE,
     });
     assert!(matches!(e, Err(VerbsError::InlineTooLarge { .. })));
+    // verifiers.md fact 6: our unconnected DF socket sends IPv4 ID 0, which
+    // is what the sender's ICRC assumed, so no ID had to be recovered.
+    for d in [&a.dev, &b.dev] {
+        let st = smc_softroce::stats(d).unwrap();
+        assert!(st.rx_packets.load(std::sync::atomic::Ordering::Relaxed) > 0);
+        assert_eq!(
+            st.rx_icrc_id_recovered
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        assert_eq!(st.rx_bad_icrc.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
 }
 
 #[test]

@@ -69,6 +69,8 @@ pub(crate) struct Core {
     notes: VecDeque<(u64, Note)>,
     /// Connections whose peer FIN needs a second look.
     fin_checks: Vec<(u32, Instant)>,
+    /// Addresses whose device could not be opened (warned once).
+    device_errors: BTreeSet<IpAddr>,
 }
 
 enum Note {
@@ -284,7 +286,13 @@ fn device_for(core: &mut Core, inner: &Inner, ip: IpAddr) -> Option<(llc::Device
             Some((llc::DeviceId((core.devices.len() - 1) as u32), d))
         }
         Err(e) => {
-            debug!(%ip, error = %e, "no RDMA device for this address");
+            // Every connection on this address falls back (NOSMCDEV / NOSMCRDEV); say
+            // why once per address.
+            if core.device_errors.insert(ip) {
+                warn!(%ip, error = %e, "no RDMA device for this address: SMC-R unavailable");
+            } else {
+                debug!(%ip, error = %e, "no RDMA device for this address");
+            }
             None
         }
     }

@@ -1,4 +1,4 @@
-//! Two stacks in one process: a server on 127.0.0.2 and a client on 127.0.0.1, both
+//! Two stacks in one process: a server on 127.a.b.2 and a client on 127.a.b.1, both
 //! over the software RNIC, with the TCP-option check skipped by policy (no eBPF).
 
 #![allow(dead_code)]
@@ -10,8 +10,21 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use smc::{SmcListener, SmcStream, Stack, StackConfig};
 
-pub const SERVER_IP: &str = "127.0.0.2";
-pub const CLIENT_IP: &str = "127.0.0.1";
+/// A loopback address private to this test process: the software RNIC binds UDP 4791 on
+/// each address, and other processes on the host (system tests, other test binaries)
+/// may hold 127.0.0.1/127.0.0.2.
+pub fn ip(host: u8) -> String {
+    let pid = std::process::id();
+    format!("127.{}.{}.{host}", 100 + pid % 100, (pid / 100) % 250)
+}
+
+pub fn server_ip() -> String {
+    ip(2)
+}
+
+pub fn client_ip() -> String {
+    ip(1)
+}
 
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
@@ -38,15 +51,15 @@ pub fn pair_with(
     cli: impl FnOnce(&mut StackConfig),
 ) -> (Stack, Stack) {
     init_tracing();
-    let mut s = config(SERVER_IP, CLIENT_IP);
+    let mut s = config(&server_ip(), &client_ip());
     srv(&mut s);
-    let mut c = config(CLIENT_IP, SERVER_IP);
+    let mut c = config(&client_ip(), &server_ip());
     cli(&mut c);
     (Stack::new(s).unwrap(), Stack::new(c).unwrap())
 }
 
 pub fn listen(stack: &Stack) -> SmcListener {
-    SmcListener::bind_with(stack, (SERVER_IP, 0)).unwrap()
+    SmcListener::bind_with(stack, (server_ip().as_str(), 0)).unwrap()
 }
 
 /// Deterministic pseudo-random bytes.
