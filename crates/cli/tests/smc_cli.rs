@@ -143,3 +143,43 @@ fn connect_to_a_plain_tcp_server_falls_back_and_works() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("TCP fallback: "), "{err}");
 }
+
+#[test]
+fn bench_json_reports_every_metric_for_both_transports() {
+    let (c, s) = pair(3);
+    let out = smc()
+        .args([
+            "bench",
+            "--json",
+            "--bytes",
+            "4M",
+            "--iters",
+            "30",
+            "--conns",
+            "10",
+            "--client-ip",
+            &c,
+            "--server-ip",
+            &s,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}\n{err}");
+    // Shape only: the targets are reported, never asserted.
+    for side in ["smc", "tcp"] {
+        for key in [
+            "\"throughput_bytes_per_sec\"",
+            "\"conns_per_sec\"",
+            "\"p50_us\"",
+        ] {
+            assert!(text.contains(key), "{side} {key} missing:\n{text}");
+        }
+    }
+    assert!(text.contains("\"transport\": \"SMC-R\""), "{text}");
+    assert!(text.contains("\"all_expected_mode\": true"), "{text}");
+    assert!(text.contains("\"conns_smc_subsequent\": 10"), "{text}");
+    assert!(!text.contains("\"ratio\": null"), "{text}");
+    assert_eq!(text.matches("\"met\": ").count(), 4, "{text}");
+}
