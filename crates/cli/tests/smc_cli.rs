@@ -183,3 +183,57 @@ fn bench_json_reports_every_metric_for_both_transports() {
     assert!(!text.contains("\"ratio\": null"), "{text}");
     assert_eq!(text.matches("\"met\": ").count(), 4, "{text}");
 }
+
+#[test]
+fn sink_listener_hashes_what_the_generator_sent() {
+    let (c, s) = pair(4);
+    let mut l = smc()
+        .env("SMC_RS_SKIP_TCP_OPTION", "127.0.0.0/8:*")
+        .args(["listen", &format!("{s}:0"), "--sink", "--count", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let addr = wait_listening(&mut l);
+    // The sink sends nothing back: the client must receive the empty stream.
+    let empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    let out = smc()
+        .env("SMC_RS_SKIP_TCP_OPTION", "127.0.0.0/8:*")
+        .args([
+            "connect",
+            "--bind",
+            &c,
+            &addr,
+            "--send-bytes",
+            "2M",
+            "--seed",
+            "9",
+            "--expect-sha256",
+            empty,
+            "--require-smc",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent = text
+        .split_whitespace()
+        .skip_while(|w| *w != "sent")
+        .nth(3)
+        .and_then(|w| w.strip_prefix("sha256="))
+        .expect("sent sha256")
+        .to_string();
+    assert!(text.contains("received 0 bytes"), "{text}");
+    assert!(text.contains("sha256=ok"), "{text}");
+    let lo = l.wait_with_output().unwrap();
+    assert!(lo.status.success());
+    let ltext = String::from_utf8_lossy(&lo.stdout);
+    assert!(
+        ltext.contains(&format!("received 2097152 bytes sha256={sent}")),
+        "{ltext} vs {sent}"
+    );
+}
