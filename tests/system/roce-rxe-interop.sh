@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # System test: our software RoCEv2 RNIC against Linux rxe (issue 3, "Interop with Linux rxe").
 # The kernel-peer harness (tests/kernel-peer, QEMU + Debian Linux 6.12 + rdma_rxe) runs
-#   verbs-server: ibv_rc_pingpong -c and ib_write_bw servers in the VM, our tools as clients;
+#   verbs-server: ibv_rc_pingpong -c, ib_write_bw and ib_send_bw servers in the VM, our
+#                 tools as clients;
 #   verbs-client: the same tools as clients in the VM, our tools as servers;
-# through tests/system/helpers/roce-rxe-peer.sh (smc rdma pingpong / smc rdma write-test). Data is
-# verified on our side (see `smc rdma pingpong --help`, `smc rdma write-test --help`) and by
+# through tests/system/helpers/roce-rxe-peer.sh (smc rdma pingpong / smc rdma write-test
+# [--verb send]). Data is verified on our side (see `smc rdma pingpong --help`, `smc rdma write-test --help`) and by
 # ibv_rc_pingpong -c in the VM; the harness checks every tool's exit status, every RoCEv2
-# ICRC in the capture of the bridge, and the VM's kernel log. ib_write_bw checks no data and
-# its QP refuses RDMA READ, so for write_bw the last WRITE message in the capture must equal
-# what we sent (client) / what arrived in our memory (server) (helpers/write_payload.py).
+# ICRC in the capture of the bridge, and the VM's kernel log. perftest checks no data (and
+# ib_write_bw's QP refuses RDMA READ), so for write_bw and send_bw every message in the capture is
+# counted, ours must carry their pattern streams, and the last one must equal what we sent
+# (client) / what arrived in our memory (server) (helpers/write_payload.py).
 # Exit 0 pass, 77 skip (with the reason), anything else fail.
 #
 # Cost: under TCG (no usable KVM) one harness run takes ~25-40 s here, so both runs fit the
@@ -29,7 +31,7 @@ smc=$(realpath "$BIN/smc" 2>/dev/null)
 "$smc" rdma selftest --help >/dev/null 2>&1 || { echo "FAIL roce-rxe-interop: $smc has no rdma subcommand"; exit 1; }
 "$smc" rdma info >/dev/null 2>&1 || skip "$BIN/smc was built without an RDMA provider (smc-cli feature softroce)"
 
-tools=${ROCE_RXE_TOOLS:-pingpong,write_bw}
+tools=${ROCE_RXE_TOOLS:-pingpong,write_bw,send_bw}
 iters=${VERBS_ITERS:-50}
 status=0
 for mode in verbs-server verbs-client; do
@@ -46,16 +48,19 @@ for mode in verbs-server verbs-client; do
 	# RDMA WRITE data: ib_write_bw verifies nothing and its QP refuses RDMA READ, so the
 	# last WRITE message on the wire must equal what we sent (our client) or what landed in
 	# our memory (our server: rxe's bytes placed by softroce).
-	if [ $rc = 0 ] && [[ ,$tools, == *,write_bw,* ]]; then
+	for tool in write_bw send_bw; do
+		[ $rc = 0 ] && [[ ,$tools, == *,$tool,* ]] || continue
+		# 16384: the harness's message size for the bandwidth tools (VERBS_SIZE unset)
+		opt="--size 16384"; [ $tool = send_bw ] && opt="$opt --send"
 		if [ $mode = verbs-server ]; then
 			# 0x57420000: the pattern seed of `smc rdma write-test` (writetest.rs SEED)
-			wp="10.44.0.3 10.44.0.1 $out/peer/write_bw-client.bin --count $iters --pattern 0x57420000"
+			wp="10.44.0.3 10.44.0.1 $out/peer/$tool-client.bin --count $iters --pattern 0x57420000"
 		else
-			wp="10.44.0.2 10.44.0.3 $out/peer/write_bw-server.bin --count $iters"
+			wp="10.44.0.2 10.44.0.3 $out/peer/$tool-server.bin --count $iters"
 		fi
 		# shellcheck disable=SC2086
-		python3 tests/system/helpers/write_payload.py "$out/capture.pcap" $wp || rc=1
-	fi
+		python3 tests/system/helpers/write_payload.py "$out/capture.pcap" $wp $opt || rc=1
+	done
 	case $rc in
 	0) rm -rf "$out" "$log" ;;
 	4)
@@ -73,5 +78,5 @@ for mode in verbs-server verbs-client; do
 		;;
 	esac
 done
-[ $status = 0 ] && echo "roce-rxe-interop: passed (ibv_rc_pingpong and ib_write_bw over rxe, both roles)"
+[ $status = 0 ] && echo "roce-rxe-interop: passed ($tools over rxe, both roles)"
 exit $status

@@ -185,3 +185,39 @@ fn peer_stack_gone_resets_connections() {
     );
     drop(s);
 }
+
+/// The fd of this process' TCP socket with these addresses.
+fn tcp_fd(local: std::net::SocketAddr, peer: std::net::SocketAddr) -> Option<i32> {
+    use std::os::fd::BorrowedFd;
+    for e in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: the fd is open in this process for the duration of this check (the
+        // sockets under test are held by the test's streams); it is only queried.
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let s = socket2::SockRef::from(&b);
+        let (Ok(l), Ok(p)) = (s.local_addr(), s.peer_addr()) else {
+            continue;
+        };
+        if l.as_socket() == Some(local) && p.as_socket() == Some(peer) {
+            return Some(fd);
+        }
+    }
+    None
+}
+
+#[test]
+fn tcp_fin_without_smc_close_aborts() {
+    // RFC 7609 §4.8: the TCP connection ends only after the SMC-R close flows. A FIN
+    // (or RST) on it without them means the peer is gone: the connection is aborted.
+    let (c, s, _srv, _cli) = connected();
+    let fd = tcp_fd(s.local_addr().unwrap(), s.peer_addr().unwrap()).expect("server TCP fd");
+    // SAFETY: shuts down the sending side of a socket the server stack holds open.
+    assert_eq!(unsafe { libc::shutdown(fd, libc::SHUT_WR) }, 0);
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 8];
+    let e = (&c).read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    drop(s);
+}

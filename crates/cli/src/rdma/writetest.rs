@@ -1,5 +1,6 @@
-//! `smc rdma write-test`: RDMA WRITE with verified data against perftest's `ib_write_bw`
-//! (perftest 4.5, whose out-of-band protocol identifies itself as version "6.06"), either role.
+//! `smc rdma write-test`: RDMA WRITE (or, with `--verb send`, SEND) with verified data against
+//! perftest's `ib_write_bw` (`ib_send_bw`) (perftest 4.5, whose out-of-band protocol
+//! identifies itself as version "6.06"), either role.
 //!
 //! The out-of-band exchange over TCP (port 18515), as observed between two `ib_write_bw` in
 //! the kernel-peer VMs; every step is "client writes a block, server answers with a block of
@@ -8,12 +9,15 @@
 //! 2. 4 bytes: cycle buffer size (0x00001000), 3. 4 bytes: cache line size (0x00000040);
 //! 4. 2 bytes: the MTU enumeration as text ("3" = 1024) and a NUL;
 //! 5. three 108-byte key blocks ([`PerftestKey`]): QPN, PSN, RKey and VAddr of the buffer,
-//!    GID; the QPs are connected before the third (a barrier);
-//! 6. the RDMA phase (the client WRITEs `iters` times `size` bytes at the server's VAddr);
+//!    GID; the QPs are connected before the third (a barrier); `ib_send_bw` adds a fourth
+//!    once the server's receives are posted;
+//! 6. the RDMA phase (the client WRITEs / SENDs `iters` times `size` bytes; WRITEs go to the
+//!    server's VAddr);
 //! 7. one key block (barrier after the run);
-//! 8. five 8-byte blocks: the client's results for the server to print (size, iterations,
-//!    peak and average MB/s, message rate; big-endian), each answered by 8 bytes;
-//! 9. one key block; 10. "done" NUL from the server, then from the client.
+//! 8. `ib_write_bw` only: five 8-byte blocks, the client's results for the server to print
+//!    (size, iterations, peak and average MB/s, message rate; big-endian), each answered by
+//!    8 bytes, and one more key block;
+//! 9. "done" NUL from the server, then from the client.
 //!
 //! Verification. Our WRITEs carry a fresh pattern per iteration. With `--readback` each
 //! WRITE is read back with RDMA READ (client) or the client's source buffer is read after
@@ -28,13 +32,22 @@
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use clap::Args as ClapArgs;
-use smc_verbs::{AccessFlags, QpCap, SendFlags, SendOp, SendWr, WcOpcode};
+use clap::{Args as ClapArgs, ValueEnum};
+use smc_verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendOp, SendWr, WcOpcode};
 
 use super::endpoint::{random_psn, wait_one, Endpoint, EndpointOpts, RemoteQp};
 use super::oob::{self, PerftestKey};
 use super::pingpong::accept;
 use super::{mtu_from_bytes, pattern, RdmaError};
+
+/// Which perftest tool is the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Verb {
+    /// `ib_write_bw`: RDMA WRITE.
+    Write,
+    /// `ib_send_bw`: SEND into the server's posted receives.
+    Send,
+}
 
 /// `smc rdma write-test` options (ib_write_bw's that matter here).
 #[derive(ClapArgs, Debug, Clone)]
@@ -62,6 +75,9 @@ pub struct Args {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// The peer's tool: ib_write_bw (write) or ib_send_bw (send).
+    #[arg(long, value_enum, default_value_t = Verb::Write)]
+    pub verb: Verb,
     /// Verify with RDMA READ (the peer must allow it; ib_write_bw does not).
     #[arg(long)]
     pub readback: bool,
@@ -74,6 +90,8 @@ const VERSION: &[u8; 4] = b"6.06";
 const CYCLE_BUFFER: u32 = 4096;
 const CACHE_LINE: u32 = 64;
 const SEED: u64 = 0x5742_0000;
+/// Receives kept posted by a `--verb send` server.
+const RECV_DEPTH: u32 = 256;
 
 fn local_ip(s: &TcpStream) -> Result<IpAddr, RdmaError> {
     let ip = s.local_addr()?.ip();
@@ -100,6 +118,10 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
     if args.size == 0 || args.iters == 0 {
         return Err(RdmaError::Usage("size and iters must be positive".into()));
     }
+    if args.readback && args.verb == Verb::Send {
+        return Err(RdmaError::Usage("--readback needs --verb write".into()));
+    }
+    let send = args.verb == Verb::Send;
     let mtu = mtu_from_bytes(args.mtu)?;
     let timeout = Duration::from_secs(args.timeout);
     let (mut s, client) = match &args.server {
@@ -127,7 +149,7 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         cap: QpCap {
             max_send_wr: 16,
-            max_recv_wr: 16,
+            max_recv_wr: RECV_DEPTH,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -186,7 +208,26 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         mtu,
         peer.out_reads.clamp(1, 16) as u8,
     )?;
+    let post_recv = || -> Result<(), RdmaError> {
+        let sge = [ep.mr.sge(0, size as u32)];
+        ep.qp.post_recv(&RecvWr {
+            wr_id: 0,
+            sg_list: &sge,
+        })?;
+        Ok(())
+    };
+    let mut posted = 0u32;
+    if send && !client {
+        // Every message lands at offset 0: after the last completion it holds the last one.
+        while posted < args.iters.min(RECV_DEPTH) {
+            post_recv()?;
+            posted += 1;
+        }
+    }
     step(&mut s, client, &key, "key block 3 (connected)")?;
+    if send {
+        step(&mut s, client, &key, "key block 4 (receives posted)")?;
+    }
 
     let post = |wr_id: u64, op: SendOp, off: usize| -> Result<(), RdmaError> {
         let sge = [ep.mr.sge(off, size as u32)];
@@ -205,15 +246,16 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         for i in 0..args.iters {
             pattern::fill(SEED + i as u64, 0, &mut data);
             ep.buf.write(0, &data);
-            post(
-                2 * i as u64,
+            let op = if send {
+                SendOp::Send
+            } else {
                 SendOp::RdmaWrite {
                     remote_addr: peer.vaddr,
                     rkey: peer.rkey,
-                },
-                0,
-            )?;
-            wait_one(&ep.send_cq, deadline, "RDMA WRITE completion")?;
+                }
+            };
+            post(2 * i as u64, op, 0)?;
+            wait_one(&ep.send_cq, deadline, "WRITE/SEND completion")?;
             if !args.readback {
                 continue;
             }
@@ -240,19 +282,34 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
             }
         }
         args.iters as u64
+    } else if send {
+        for i in 0..args.iters {
+            let wc = wait_one(&ep.recv_cq, deadline, "a SEND from the client")?;
+            if wc.opcode != WcOpcode::Recv || wc.byte_len as usize != size {
+                return Err(RdmaError::Protocol(format!(
+                    "message {i}: {:?} of {} bytes, expected a SEND of {size}",
+                    wc.opcode, wc.byte_len
+                )));
+            }
+            if posted < args.iters {
+                post_recv()?;
+                posted += 1;
+            }
+        }
+        args.iters as u64
     } else {
         // Our buffer is still all zero (RdmaBuffer starts zeroed): the client WRITEs now.
         0
     };
     let secs = t0.elapsed().as_secs_f64();
-    step(&mut s, client, &key, "key block 4 (run finished)")?;
+    step(&mut s, client, &key, "key block (run finished)")?;
     if !client {
-        // The client's WRITEs are acknowledged before it enters the barrier above, so our
-        // buffer holds its last WRITE.
+        // The client's WRITEs are acknowledged before it enters the barrier above (and we
+        // counted its SENDs), so our buffer holds its last message.
         ep.buf.read(0, &mut data);
         if data.iter().all(|&b| b == 0) {
             return Err(RdmaError::DataMismatch(
-                "the client's WRITEs left our buffer untouched".into(),
+                "the client's messages left our buffer untouched".into(),
             ));
         }
         ep.buf.read(size, &mut back);
@@ -291,16 +348,18 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         mbps.to_bits(),
         (args.iters as f64 / secs.max(1e-9) / 1e6).to_bits(),
     ];
-    for (i, r) in results.iter().enumerate() {
-        let mine = if client { *r } else { 0 };
-        step(
-            &mut s,
-            client,
-            &mine.to_be_bytes(),
-            &format!("result block {i}"),
-        )?;
+    if !send {
+        for (i, r) in results.iter().enumerate() {
+            let mine = if client { *r } else { 0 };
+            step(
+                &mut s,
+                client,
+                &mine.to_be_bytes(),
+                &format!("result block {i}"),
+            )?;
+        }
+        step(&mut s, client, &key, "key block (after the results)")?;
     }
-    step(&mut s, client, &key, "key block 5")?;
     let how = if args.readback {
         "read back with RDMA READ and verified"
     } else {
@@ -309,12 +368,14 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
     if client {
         oob::read_exact(&mut s, 5, "done")?;
         oob::write_all(&mut s, b"done\0", "done")?;
-        println!("write-test: {verified} WRITEs of {size} bytes, each {how} ({mbps:.2} MB/s)");
+        let what = if send { "SENDs" } else { "WRITEs" };
+        println!("write-test: {verified} {what} of {size} bytes, each {how} ({mbps:.2} MB/s)");
     } else {
         oob::write_all(&mut s, b"done\0", "done")?;
         let _ = oob::read_exact(&mut s, 5, "done");
         println!(
-            "write-test: received the client's WRITEs of {size} bytes{}",
+            "write-test: received the client's {} of {size} bytes{}",
+            if send { "SENDs" } else { "WRITEs" },
             if args.readback {
                 "; the last one matches its source buffer read back with RDMA READ"
             } else {

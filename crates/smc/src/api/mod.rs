@@ -108,6 +108,24 @@ impl SmcHandle {
         st: MutexGuard<'a, ConnState>,
         wait: Wait,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
+        let busy = self.stack.cfg.busy_poll;
+        let st = if matches!(wait, Wait::Until(_)) && !busy.is_zero() {
+            // Busy poll: spin a little for the completion thread's wake-up before
+            // paying for a sleep and a thread wake-up.
+            let seq = self.conn.wake_seq.load(Ordering::Acquire);
+            drop(st);
+            let t0 = Instant::now();
+            while self.conn.wake_seq.load(Ordering::Acquire) == seq && t0.elapsed() < busy {
+                std::hint::spin_loop();
+            }
+            let st = self.conn.lock();
+            if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+                return Ok(st);
+            }
+            st
+        } else {
+            st
+        };
         match wait {
             Wait::Never => Err(ErrorKind::WouldBlock.into()),
             Wait::Until(None) => Ok(self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner())),

@@ -65,6 +65,8 @@ pub(crate) struct ConnShared {
     pub cond: Condvar,
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
+    /// Bumped whenever readers or writers are woken (for busy polling).
+    pub wake_seq: AtomicU64,
     pub stack: Weak<Inner>,
     pub self_ref: Weak<ConnShared>,
 }
@@ -179,7 +181,7 @@ impl ConnShared {
                 self.peer_rkey,
                 &self.sndbuf_mr,
                 &cdc,
-                wr_cdc(self.token, t.cdc.seq),
+                wr_cdc(self.token, t.cdc.seq, n as u8 + 1),
                 TX_SLOTS,
             );
             match res {
@@ -209,6 +211,7 @@ impl ConnShared {
                 | Events::ERROR
                 | Events::PEER_DONE,
         ) {
+            self.wake_seq.fetch_add(1, Ordering::Release);
             self.cond.notify_all();
             if ev.intersects(Events::READABLE | Events::URGENT | Events::ERROR | Events::PEER_DONE)
             {

@@ -1887,8 +1887,12 @@ impl Core {
             est.peer_rmb.alert_token,
         );
         let conn = Conn::new(params, cfg.conn.clone()).map_err(|e| err(&e.to_string()))?;
-        let peer_base = est.peer_rmb.vaddr
-            + u64::from(est.peer_rmb.rmbe_idx.saturating_sub(1)) * est.peer_rmb.size.bytes() as u64;
+        // Element i of the peer's RMB starts at vaddr + (i-1)·size (CHECKLIST AMB-10);
+        // peer values, so no arithmetic that can overflow.
+        let peer_base = est.peer_rmb.vaddr.wrapping_add(
+            u64::from(est.peer_rmb.rmbe_idx.saturating_sub(1))
+                .wrapping_mul(est.peer_rmb.size.bytes() as u64),
+        );
         let tcp = hs.tcp.try_clone()?;
         let token = est.local_rmb.alert_token;
         let shared = Arc::new_cyclic(|me| ConnShared {
@@ -1922,6 +1926,7 @@ impl Core {
             cond: Condvar::new(),
             bytes_sent: Default::default(),
             bytes_received: Default::default(),
+            wake_seq: Default::default(),
             stack: Arc::downgrade(inner),
             self_ref: me.clone(),
         });

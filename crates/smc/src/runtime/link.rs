@@ -48,9 +48,14 @@ const KIND_RECV: u64 = 4;
 /// wr_id of an RDMA WRITE (only its slot matters).
 pub(crate) const WR_WRITE: u64 = KIND_WRITE << KIND_SHIFT;
 
-/// wr_id of a CDC SEND: the connection's alert token and the seqno.
-pub(crate) fn wr_cdc(token: u32, seq: u16) -> u64 {
-    (KIND_CDC << KIND_SHIFT) | (u64::from(token) << 16) | u64::from(seq)
+/// wr_id of a CDC SEND: the connection's alert token and the seqno, and how many send
+/// slots the transmit used (its RDMA WRITEs are unsignalled: the CDC's completion
+/// covers them, RC completes in order).
+pub(crate) fn wr_cdc(token: u32, seq: u16, slots: u8) -> u64 {
+    (KIND_CDC << KIND_SHIFT)
+        | (u64::from(slots & 0x7) << 48)
+        | (u64::from(token) << 16)
+        | u64::from(seq)
 }
 
 fn wr_llc(id: llc::SendId) -> u64 {
@@ -86,7 +91,7 @@ pub(crate) struct LinkRes {
     ctl_buf: Arc<RdmaBuffer>,
     ctl_mr: Mr,
     ctl_next: std::sync::atomic::AtomicU32,
-    /// Free send-queue slots (every WR is signalled, so completions give them back).
+    /// Free send-queue slots (given back by the signalled WR that ends each batch).
     send_free: AtomicI64,
     /// Connections waiting for send slots.
     waiters: Mutex<VecDeque<Weak<ConnShared>>>,
@@ -130,7 +135,7 @@ impl LinkRes {
                 max_recv_sge: 1,
                 max_inline_data: MAX_INLINE,
             },
-            sq_sig_all: true,
+            sq_sig_all: false,
         })?;
         qp.modify_to_init(&InitAttr {
             port_num: 1,
@@ -364,7 +369,7 @@ impl LinkRes {
                     rkey,
                 },
                 sg_list: std::slice::from_ref(&sges[i]),
-                flags: SendFlags::SIGNALED,
+                flags: SendFlags::empty(),
             });
         }
         wrs.push(SendWr {
@@ -422,9 +427,15 @@ impl LinkRes {
             self.on_recv(stack, wc);
             return;
         }
-        // Every send WR is signalled: its slot is free again.
-        self.release(1);
         let ok = wc.status == WcStatus::Success;
+        // Slots come back with the signalled WR that ends a batch: an LLC SEND (1) or a
+        // CDC (its WRITEs + 1). A failed unsignalled WRITE still completes (IBA), but the
+        // CDC behind it is flushed and gives the slots back.
+        match kind {
+            KIND_CDC => self.release(((wc.wr_id >> 48) & 0x7) as i64),
+            KIND_LLC => self.release(1),
+            _ => {}
+        }
         if !ok && wc.status != WcStatus::WrFlushErr {
             warn!(lgr = ?self.lgr, link = %self.id, status = ?wc.status, "send failed");
         }

@@ -73,6 +73,10 @@ pub struct StackConfig {
     /// Free RMBs (and send buffers) kept per link group for reuse; beyond that an RMB
     /// freed by a connection is deleted (DELETE RKEY) and unregistered.
     pub rmb_cache: usize,
+    /// Blocking reads and writes poll this long for the peer's CDC before sleeping
+    /// (like Linux `net.core.busy_poll`): saves the thread wake-up on request/response
+    /// traffic at the cost of CPU. Zero disables it.
+    pub busy_poll: Duration,
     /// Connection policy knobs (update policy, close timers, ...).
     pub conn: ConnConfig,
     /// Rendezvous details (host name, layouts, LLC timers); versions, UEIDs and the CLC
@@ -97,6 +101,9 @@ impl fmt::Debug for StackConfig {
     }
 }
 
+/// Default busy-poll time of blocking calls.
+const BUSY_POLL_US: u64 = 0;
+
 impl StackConfig {
     /// Defaults with the given provider: v1 and v2 offered (v2 only with a UEID, like
     /// Linux), 256 KiB buffers, Linux timers, no TCP-option override.
@@ -116,6 +123,7 @@ impl StackConfig {
             tcp_option: true,
             local_addr: None,
             rmb_cache: 16,
+            busy_poll: Duration::from_micros(BUSY_POLL_US),
             conn: ConnConfig {
                 update_policy: UpdatePolicy::linux(),
                 ..ConnConfig::default()
@@ -460,6 +468,9 @@ impl ConnectSlot {
     }
 }
 
+/// Finished connections a listener keeps for `accept()` at most.
+const MAX_ACCEPT_QUEUE: usize = 4096;
+
 /// A listener's accepted, finished rendezvous.
 pub(crate) struct ListenerShared {
     pub id: u64,
@@ -475,6 +486,18 @@ pub(crate) struct ListenerShared {
 impl ListenerShared {
     pub(crate) fn push(&self, e: Established, peer: SocketAddr) {
         if let Ok(mut q) = self.queue.lock() {
+            // Like a full TCP backlog: an application that does not accept does not
+            // get to pin unbounded memory; the connection is closed.
+            if q.len() >= MAX_ACCEPT_QUEUE {
+                debug!(%peer, "accept queue full; connection dropped");
+                if let Established::Smc(c) = e {
+                    let mut st = c.lock();
+                    st.conn.close(Instant::now());
+                    st.released = true;
+                    c.drive(&mut st, Instant::now());
+                }
+                return;
+            }
             q.push_back((e, peer));
         }
         self.cond.notify_all();
