@@ -135,7 +135,9 @@ impl StackConfig {
     /// The process default: the software RNIC, UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
-    /// address from `SMC_RS_LOCAL_ADDR`. Bad values are logged and ignored.
+    /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
+    /// `SMC_RS_CLC_TIMEOUT_MS` and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged
+    /// and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
         match UeidTable::from_env_or_file() {
@@ -161,6 +163,26 @@ impl StackConfig {
         }
         if let Some(n) = size("SMC_RS_SNDBUF_SIZE") {
             c.sndbuf_size = n;
+        }
+        let millis = |name: &str| -> Option<Duration> {
+            let v = std::env::var(name).ok()?;
+            match v.trim().parse::<u64>() {
+                Ok(n) => Some(Duration::from_millis(n)),
+                Err(_) => {
+                    warn!(name, value = %v, "not a number of milliseconds; ignored");
+                    None
+                }
+            }
+        };
+        if let Some(d) = millis("SMC_RS_LGR_IDLE_MS") {
+            c.lgr_idle_timeout = d;
+        }
+        if let Some(d) = millis("SMC_RS_CLC_TIMEOUT_MS") {
+            c.clc_timeout = d;
+        }
+        if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
+            // 0 disables TEST LINK keepalive.
+            c.keepalive = (!d.is_zero()).then_some(d);
         }
         if let Ok(v) = std::env::var("SMC_RS_LOCAL_ADDR") {
             match v.trim().parse::<IpAddr>() {
