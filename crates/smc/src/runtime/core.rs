@@ -114,7 +114,8 @@ struct Lgr {
     rmbs: BTreeMap<u32, Rmb>,
     next_rmb: u32,
     free_rmbs: Vec<u32>,
-    sndbufs: Vec<(Arc<RdmaBuffer>, Mr)>,
+    /// Free send buffers, registered on one link's PD each (the link's own).
+    sndbufs: Vec<(Arc<RdmaBuffer>, Mr, llc::LinkId)>,
     conns: BTreeSet<u32>,
     peer_rmbes: HashMap<(u32, u8), u32>,
     rkey_waiters: HashMap<u32, u64>,
@@ -1580,6 +1581,7 @@ impl Core {
                         for rmb in g.rmbs.values_mut() {
                             rmb.mrs.remove(&link);
                         }
+                        g.sndbufs.retain(|(_, _, l)| *l != link);
                     }
                 }
                 llc::Output::Event(e) => self.on_llc_event(inner, id, e, now),
@@ -1761,7 +1763,8 @@ impl Core {
                 g.peer_rmbes.retain(|_, v| *v != t);
                 release_rmb(inner, g, c.rmb_id.0 as u32, now, false);
                 if g.sndbufs.len() < inner.cfg.rmb_cache && !g.terminated {
-                    g.sndbufs.push((c.sndbuf.clone(), c.sndbuf_mr.clone()));
+                    g.sndbufs
+                        .push((c.sndbuf.clone(), c.sndbuf_mr.clone(), c.link.id));
                 }
                 self.dirty.insert(lgr);
             } else if let Ok(mut tk) = inner.tokens.write() {
@@ -1857,8 +1860,9 @@ impl Core {
         let rmb_id = est.local_rmb.rmb.0 as u32;
         let rmb = g.rmbs.get(&rmb_id).ok_or_else(|| err("RMB vanished"))?;
         let rmb_buf = rmb.buf.clone();
-        let (sndbuf, sndbuf_mr) = match g.sndbufs.pop() {
-            Some(s) => s,
+        let pooled = g.sndbufs.iter().position(|(_, _, l)| *l == link.id);
+        let (sndbuf, sndbuf_mr) = match pooled.map(|i| g.sndbufs.swap_remove(i)) {
+            Some((b, mr, _)) => (b, mr),
             None => {
                 let b = RdmaBuffer::new(cfg.sndbuf_size)?;
                 // Send buffers are only read by the local RNIC (RDMA WRITE source).
