@@ -904,12 +904,19 @@ impl ClcEnv for Env<'_> {
         peer: &PeerRmb,
     ) -> Result<Option<ConnRef>, DeclineCode> {
         let g = self.core.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
-        // A connection that already reached CLOSED no longer writes there (the peer
-        // reuses an element only after its side closed): not a conflict.
+        // RFC 7609 §4.4.2: only a connection that may still RDMA-write into that element
+        // conflicts. The peer reuses an element as soon as its side is CLOSED, and its
+        // Accept/Confirm (TCP) can overtake its last close CDC (RoCE); our old connection
+        // has then sent D, C or A already and never writes data again (RFC 7609 §4.8,
+        // TRM-2), so it simply finishes its close.
         let key = (peer.rkey, peer.rmbe_idx);
         let conflict = match g.peer_rmbes.get(&key) {
             Some(t) => match self.core.conns.get(t) {
-                Some(c) if c.lock().conn.state() != State::Closed => Some(ConnRef(u64::from(*t))),
+                Some(c)
+                    if matches!(c.lock().conn.state(), State::Active | State::AppCloseWait1) =>
+                {
+                    Some(ConnRef(u64::from(*t)))
+                }
                 _ => {
                     g.peer_rmbes.remove(&key);
                     None
