@@ -1964,6 +1964,17 @@ impl Core {
         Ok(shared)
     }
 
+    /// Process exit: terminate every link group and post what that sends. Returns
+    /// whether there was anything to end.
+    pub(crate) fn goodbye(&mut self, inner: &Arc<Inner>, now: Instant) -> bool {
+        let any = self.lgrs.values().any(|g| g.active());
+        if any {
+            self.terminate_all(now);
+            self.settle(inner, now);
+        }
+        any
+    }
+
     pub(crate) fn terminate_all(&mut self, now: Instant) {
         let ids: Vec<LgrId> = self.lgrs.keys().copied().collect();
         for id in ids {
