@@ -235,3 +235,45 @@ fn ipv6_loopback() {
     let m = echo_once(&st, addr, 9, 100_000);
     assert!(matches!(m, smc::Mode::Smc { version: 1, .. }), "{m}");
 }
+
+#[test]
+fn listings_and_stats_describe_the_link_group_and_connections() {
+    let (srv, cli) = pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap().0);
+    let c = smc::SmcStream::connect_with(&cli, addr).unwrap();
+    let s = t.join().unwrap();
+    (&c).write_all(&[1u8; 1000]).unwrap();
+    let mut b = [0u8; 1000];
+    (&s).read_exact(&mut b).unwrap();
+    let lg = &cli.link_groups()[0];
+    assert_eq!((lg.role, lg.version, lg.conns), ("client", 1, 1), "{lg:?}");
+    assert_eq!(lg.links.len(), 1);
+    assert_eq!(lg.links[0].state, "Active");
+    let slg = &srv.link_groups()[0];
+    assert_eq!(slg.role, "server");
+    // Each side's QP is the other's peer QP.
+    assert_eq!(lg.links[0].peer_qpn, Some(slg.links[0].qpn));
+    assert_eq!(slg.links[0].peer_qpn, Some(lg.links[0].qpn));
+    let conns = cli.connections();
+    assert_eq!(conns.len(), 1);
+    assert_eq!(conns[0].state, "ACTIVE");
+    assert_eq!(conns[0].peer, addr);
+    assert_eq!(conns[0].bytes_sent, 1000);
+    assert_eq!(srv.connections()[0].bytes_received, 1000);
+    let st = cli.stats();
+    assert_eq!(
+        (st.link_groups, st.qps_open, st.smc_connections),
+        (1, 1, 1),
+        "{st:?}"
+    );
+    assert_eq!(st.rmb_elements_in_use, 1);
+    assert_eq!(st.alert_tokens, 1);
+    assert_eq!(c.state(), "ACTIVE");
+    assert!(
+        c.mode().to_string().starts_with("SMC-Rv1 on lgr"),
+        "{}",
+        c.mode()
+    );
+}

@@ -114,7 +114,8 @@ struct Lgr {
     rmbs: BTreeMap<u32, Rmb>,
     next_rmb: u32,
     free_rmbs: Vec<u32>,
-    sndbufs: Vec<(Arc<RdmaBuffer>, Mr)>,
+    /// Free send buffers, registered on one link's PD each (the link's own).
+    sndbufs: Vec<(Arc<RdmaBuffer>, Mr, llc::LinkId)>,
     conns: BTreeSet<u32>,
     peer_rmbes: HashMap<(u32, u8), u32>,
     rkey_waiters: HashMap<u32, u64>,
@@ -903,12 +904,19 @@ impl ClcEnv for Env<'_> {
         peer: &PeerRmb,
     ) -> Result<Option<ConnRef>, DeclineCode> {
         let g = self.core.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
-        // A connection that already reached CLOSED no longer writes there (the peer
-        // reuses an element only after its side closed): not a conflict.
+        // RFC 7609 §4.4.2: only a connection that may still RDMA-write into that element
+        // conflicts. The peer reuses an element as soon as its side is CLOSED, and its
+        // Accept/Confirm (TCP) can overtake its last close CDC (RoCE); our old connection
+        // has then sent D, C or A already and never writes data again (RFC 7609 §4.8,
+        // TRM-2), so it simply finishes its close.
         let key = (peer.rkey, peer.rmbe_idx);
         let conflict = match g.peer_rmbes.get(&key) {
             Some(t) => match self.core.conns.get(t) {
-                Some(c) if c.lock().conn.state() != State::Closed => Some(ConnRef(u64::from(*t))),
+                Some(c)
+                    if matches!(c.lock().conn.state(), State::Active | State::AppCloseWait1) =>
+                {
+                    Some(ConnRef(u64::from(*t)))
+                }
                 _ => {
                     g.peer_rmbes.remove(&key);
                     None
@@ -1580,6 +1588,7 @@ impl Core {
                         for rmb in g.rmbs.values_mut() {
                             rmb.mrs.remove(&link);
                         }
+                        g.sndbufs.retain(|(_, _, l)| *l != link);
                     }
                 }
                 llc::Output::Event(e) => self.on_llc_event(inner, id, e, now),
@@ -1761,7 +1770,8 @@ impl Core {
                 g.peer_rmbes.retain(|_, v| *v != t);
                 release_rmb(inner, g, c.rmb_id.0 as u32, now, false);
                 if g.sndbufs.len() < inner.cfg.rmb_cache && !g.terminated {
-                    g.sndbufs.push((c.sndbuf.clone(), c.sndbuf_mr.clone()));
+                    g.sndbufs
+                        .push((c.sndbuf.clone(), c.sndbuf_mr.clone(), c.link.id));
                 }
                 self.dirty.insert(lgr);
             } else if let Ok(mut tk) = inner.tokens.write() {
@@ -1857,8 +1867,9 @@ impl Core {
         let rmb_id = est.local_rmb.rmb.0 as u32;
         let rmb = g.rmbs.get(&rmb_id).ok_or_else(|| err("RMB vanished"))?;
         let rmb_buf = rmb.buf.clone();
-        let (sndbuf, sndbuf_mr) = match g.sndbufs.pop() {
-            Some(s) => s,
+        let pooled = g.sndbufs.iter().position(|(_, _, l)| *l == link.id);
+        let (sndbuf, sndbuf_mr) = match pooled.map(|i| g.sndbufs.swap_remove(i)) {
+            Some((b, mr, _)) => (b, mr),
             None => {
                 let b = RdmaBuffer::new(cfg.sndbuf_size)?;
                 // Send buffers are only read by the local RNIC (RDMA WRITE source).
@@ -1951,6 +1962,17 @@ impl Core {
             "SMC-R connection established"
         );
         Ok(shared)
+    }
+
+    /// Process exit: terminate every link group and post what that sends. Returns
+    /// whether there was anything to end.
+    pub(crate) fn goodbye(&mut self, inner: &Arc<Inner>, now: Instant) -> bool {
+        let any = self.lgrs.values().any(|g| g.active());
+        if any {
+            self.terminate_all(now);
+            self.settle(inner, now);
+        }
+        any
     }
 
     pub(crate) fn terminate_all(&mut self, now: Instant) {

@@ -135,7 +135,9 @@ impl StackConfig {
     /// The process default: the software RNIC, UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
-    /// address from `SMC_RS_LOCAL_ADDR`. Bad values are logged and ignored.
+    /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
+    /// `SMC_RS_CLC_TIMEOUT_MS` and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged
+    /// and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
         match UeidTable::from_env_or_file() {
@@ -161,6 +163,26 @@ impl StackConfig {
         }
         if let Some(n) = size("SMC_RS_SNDBUF_SIZE") {
             c.sndbuf_size = n;
+        }
+        let millis = |name: &str| -> Option<Duration> {
+            let v = std::env::var(name).ok()?;
+            match v.trim().parse::<u64>() {
+                Ok(n) => Some(Duration::from_millis(n)),
+                Err(_) => {
+                    warn!(name, value = %v, "not a number of milliseconds; ignored");
+                    None
+                }
+            }
+        };
+        if let Some(d) = millis("SMC_RS_LGR_IDLE_MS") {
+            c.lgr_idle_timeout = d;
+        }
+        if let Some(d) = millis("SMC_RS_CLC_TIMEOUT_MS") {
+            c.clc_timeout = d;
+        }
+        if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
+            // 0 disables TEST LINK keepalive.
+            c.keepalive = (!d.is_zero()).then_some(d);
         }
         if let Ok(v) = std::env::var("SMC_RS_LOCAL_ADDR") {
             match v.trim().parse::<IpAddr>() {
@@ -582,6 +604,32 @@ impl Inner {
     }
 }
 
+static GLOBAL: OnceLock<Stack> = OnceLock::new();
+
+/// Process exit with the global stack in use: end its link groups with DELETE LINK
+/// (RFC 7609 §3.5.4) so that the peers free theirs at once instead of after a failed
+/// TEST LINK. Best effort: skipped if the event thread holds the lock.
+extern "C" fn global_at_exit() {
+    // On a fresh thread: the exiting thread's thread-locals may already be gone, and
+    // nothing may unwind out of an `extern "C"` function.
+    let t = std::thread::Builder::new()
+        .name("smc-exit".into())
+        .spawn(|| {
+            let Some(stack) = GLOBAL.get() else { return };
+            let sent = match stack.inner.core.try_lock() {
+                Ok(mut core) => core.goodbye(&stack.inner, Instant::now()),
+                Err(_) => false,
+            };
+            if sent {
+                // Give the RNIC's thread a moment to put the messages on the wire.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+    if let Ok(t) = t {
+        let _ = t.join();
+    }
+}
+
 /// An SMC-R stack instance (see the module documentation).
 pub struct Stack {
     pub(crate) inner: Arc<Inner>,
@@ -599,12 +647,19 @@ impl fmt::Debug for Stack {
 impl Stack {
     /// The process-wide stack ([`StackConfig::from_env`]), started on first use.
     pub fn global() -> &'static Stack {
-        static GLOBAL: OnceLock<Stack> = OnceLock::new();
-        GLOBAL.get_or_init(|| match Stack::new(StackConfig::from_env()) {
-            Ok(s) => s,
-            // Creating an eventfd and a thread only fails when the process is out of
-            // resources; there is nothing sensible to return from a static accessor.
-            Err(e) => panic!("cannot start the SMC-R stack: {e}"),
+        GLOBAL.get_or_init(|| {
+            let s = match Stack::new(StackConfig::from_env()) {
+                Ok(s) => s,
+                // Creating an eventfd and a thread only fails when the process is out of
+                // resources; there is nothing sensible to return from a static accessor.
+                Err(e) => panic!("cannot start the SMC-R stack: {e}"),
+            };
+            // Statics are never dropped: say goodbye to the peers at process exit.
+            // SAFETY: registers a plain `extern "C"` function with no arguments.
+            if unsafe { libc::atexit(global_at_exit) } != 0 {
+                debug!("atexit registration failed; peers notice our exit by TEST LINK");
+            }
+            s
         })
     }
 
