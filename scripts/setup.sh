@@ -12,6 +12,8 @@ have ip       || need+=(iproute2)
 have tc       || need+=(iproute2)
 have tcpdump  || need+=(tcpdump)
 have nc       || need+=(netcat-openbsd)
+# tests/system/smc-fallback.sh: a plain HTTP client against `smc listen`.
+have curl     || need+=(curl)
 # tests/system/roce-netem.sh: loss/duplication with nftables when the kernel has no sch_netem.
 have nft      || need+=(nftables)
 have pkg-config || need+=(pkg-config)

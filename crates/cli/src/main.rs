@@ -3,6 +3,7 @@
 //! variant here plus a match arm.
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
@@ -17,6 +18,14 @@ struct Cli {
 enum Command {
     /// Print every SMC message (TCP option, CLC, LLC, CDC) in a pcap/pcapng capture.
     Decode(smc_cli::decode::Args),
+    /// Listen for SMC connections: netcat-like (stdin/stdout), or --echo / --sink.
+    Listen(smc_cli::endpoint::ListenArgs),
+    /// Connect with SMC: netcat-like (stdin/stdout), or --send-bytes with hash checks.
+    Connect(smc_cli::endpoint::ConnectArgs),
+    /// SMC-R between two stacks in this process, verified, beside kernel TCP.
+    Demo(smc_cli::smc_cmd::DemoArgs),
+    /// Throughput, latency and connection rate: SMC-R vs kernel TCP, with the targets.
+    Bench(smc_cli::smc_cmd::BenchArgs),
     /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
     #[command(subcommand)]
     Bpf(smc_bpf::cli::BpfCommand),
@@ -27,14 +36,28 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The SMC commands say once that the TCP-option override is in use (demo and bench
+    // set it themselves); smc-bpf's warning on every connection would bury their output.
+    let default_filter = match cli.command {
+        Command::Listen(_) | Command::Connect(_) | Command::Demo(_) | Command::Bench(_) => {
+            "warn,smc_bpf::policy=error"
+        }
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+            EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Decode(args) => smc_cli::decode::command(&args),
+        Command::Listen(args) => smc_cli::smc_cmd::listen(&args),
+        Command::Connect(args) => smc_cli::smc_cmd::connect(&args),
+        Command::Demo(args) => smc_cli::smc_cmd::demo(&args),
+        Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
         Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();

@@ -1,0 +1,500 @@
+//! The commands that run SMC-R: `smc listen`, `smc connect`, `smc demo`, `smc bench`.
+//! They plug the `smc` runtime (`SmcListener`, `SmcStream`, `Stack`) into the
+//! transport-generic code of [`crate::endpoint`], [`crate::demo`] and [`crate::bench`].
+
+use crate::bench::{self, Plan};
+use crate::demo;
+use crate::endpoint::{self, ConnectArgs, Inspect, ListenArgs};
+use crate::net::{ConnMode, KernelTcp, Listener, ModeKind, Net, Stream};
+use anyhow::{bail, Context, Result};
+use smc::{Mode, SmcListener, SmcStream, Stack, StackConfig};
+use std::fmt::Write as _;
+use std::io;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// SMC-R through one [`Stack`].
+pub struct SmcNet<'a> {
+    /// The stack connections are made with.
+    pub stack: &'a Stack,
+}
+
+fn conn_mode(m: &Mode) -> ConnMode {
+    match m {
+        Mode::Smc {
+            link_group,
+            version,
+            first_contact,
+        } => ConnMode {
+            kind: ModeKind::SmcR,
+            link_group: Some(link_group.to_string()),
+            first_contact: Some(*first_contact),
+            text: format!(
+                "SMC-R v{version}, link group {link_group}, {} contact",
+                if *first_contact {
+                    "first"
+                } else {
+                    "subsequent"
+                }
+            ),
+        },
+        Mode::Fallback { reason } => {
+            // FallbackReason's text starts with "TCP fallback: ".
+            let r = reason.to_string();
+            ConnMode {
+                kind: ModeKind::Fallback,
+                link_group: None,
+                first_contact: None,
+                text: if r.starts_with("TCP fallback") {
+                    r
+                } else {
+                    format!("TCP fallback: {r}")
+                },
+            }
+        }
+    }
+}
+
+impl Stream for SmcStream {
+    fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        io::Read::read(&mut &*self, buf)
+    }
+    fn write(&self, buf: &[u8]) -> io::Result<usize> {
+        io::Write::write(&mut &*self, buf)
+    }
+    fn flush(&self) -> io::Result<()> {
+        io::Write::flush(&mut &*self)
+    }
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        SmcStream::shutdown(self, how)
+    }
+    fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        SmcStream::set_nodelay(self, on)
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        SmcStream::set_read_timeout(self, t)
+    }
+    fn peer_addr(&self) -> io::Result<SocketAddr> {
+        SmcStream::peer_addr(self)
+    }
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        SmcStream::local_addr(self)
+    }
+    fn mode(&self) -> ConnMode {
+        conn_mode(&SmcStream::mode(self))
+    }
+}
+
+impl Listener for SmcListener {
+    type Stream = SmcStream;
+    fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
+        SmcListener::accept(self)
+    }
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        SmcListener::local_addr(self)
+    }
+}
+
+impl Net for SmcNet<'_> {
+    type Listener = SmcListener;
+    fn label(&self) -> &'static str {
+        "SMC-R"
+    }
+    fn bind(&self, addr: SocketAddr) -> io::Result<SmcListener> {
+        SmcListener::bind_with(self.stack, addr)
+    }
+    fn connect(&self, addr: SocketAddr) -> io::Result<SmcStream> {
+        SmcStream::connect_with(self.stack, addr)
+    }
+}
+
+/// A stack's state for `--stats`: one `stats: summary` line of `key=value` pairs (stable
+/// keys, for scripts), then one line per link group and per connection.
+pub struct StackInspect<'a>(pub &'a Stack);
+
+impl Inspect for StackInspect<'_> {
+    fn snapshot(&self) -> String {
+        let st = self.0.stats();
+        let lgrs = self.0.link_groups();
+        let conns = self.0.connections();
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
+             rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
+             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={}",
+            st.link_groups,
+            conns.len(),
+            st.smc_connections,
+            st.handshakes,
+            st.links,
+            st.qps_open,
+            st.rmbs,
+            st.rmb_elements_in_use,
+            st.alert_tokens,
+            st.listeners,
+            st.fds,
+            st.smc_total,
+            st.first_contacts,
+            st.fallbacks,
+            st.resets,
+            st.rmbs_deleted,
+            st.lgrs_ended,
+            st.links_failed,
+        );
+        for g in &lgrs {
+            let links: Vec<String> = g
+                .links
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{}:{} qpn={:#x} peer-qpn={} dev={} peer-gid={}",
+                        l.num,
+                        l.state,
+                        l.qpn,
+                        l.peer_qpn.map(|q| format!("{q:#x}")).unwrap_or("-".into()),
+                        l.device,
+                        l.peer_gid.as_deref().unwrap_or("-")
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                o,
+                "stats: link-group {} role={} v{} peer={} conns={} rmbs={} rmbs-in-use={} idle={} links=[{}]",
+                g.id,
+                g.role,
+                g.version,
+                g.peer,
+                g.conns,
+                g.rmbs,
+                g.rmbs_in_use,
+                g.idle,
+                links.join(", ")
+            );
+        }
+        for c in &conns {
+            let _ = writeln!(
+                o,
+                "stats: conn {} → {} {} state={} lgr={} sent={} received={}",
+                c.local,
+                c.peer,
+                c.mode,
+                c.state,
+                c.lgr.map(|l| l.to_string()).unwrap_or("-".into()),
+                c.bytes_sent,
+                c.bytes_received
+            );
+        }
+        o
+    }
+
+    fn quiesce(&self, limit: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < limit && !self.0.connections().is_empty() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn exit(r: Result<()>, what: &str) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("smc {what}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Says once that the override policy is on (it is outside RFC 7609).
+fn note_policy(quiet: bool) {
+    if quiet {
+        return;
+    }
+    if let Ok(v) = std::env::var(smc_bpf::POLICY_ENV) {
+        if !v.trim().is_empty() {
+            eprintln!(
+                "note: {}={v}: CLC is tried without the TCP option with these peers \
+                 (outside RFC 7609)",
+                smc_bpf::POLICY_ENV
+            );
+        }
+    }
+}
+
+/// Ends the stack's link groups in order (DELETE LINK) and waits for them to go, at most
+/// two seconds: the peers learn at once that this process is gone (see [`crate::signal`]).
+/// Connections still closing are given up to `drain` first: ending the link group would
+/// abort them, and the peer would lose data it has not read yet (RFC 7609 §4.8.2).
+fn terminate(stack: &Stack, drain: Duration) {
+    StackInspect(stack).quiesce(drain);
+    if stack.link_groups().is_empty() {
+        return;
+    }
+    stack.terminate_link_groups();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) && !stack.link_groups().is_empty() {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The process's stack: the default one, or (with `bind`) the default configuration bound
+/// to that address. Lives until the process exits, so that the signal thread may use it.
+fn process_stack(bind: Option<IpAddr>) -> io::Result<&'static Stack> {
+    match bind {
+        None => Ok(Stack::global()),
+        Some(ip) => {
+            let mut c = StackConfig::from_env();
+            c.local_addr = Some(ip);
+            Ok(Box::leak(Box::new(Stack::new(c)?)))
+        }
+    }
+}
+
+/// Signals (blocked before the stack starts its threads): SIGUSR1 prints the stack's
+/// state when `stats`; SIGTERM/SIGINT end its link groups, then the process.
+fn start(bind: Option<IpAddr>, stats: bool, quiet: bool) -> io::Result<&'static Stack> {
+    crate::signal::block()?;
+    note_policy(quiet);
+    let stack = process_stack(bind)?;
+    crate::signal::handle(
+        move || {
+            if stats {
+                endpoint::print_stats(&StackInspect(stack), "SIGUSR1");
+            }
+        },
+        move || terminate(stack, Duration::from_secs(2)),
+    )?;
+    Ok(stack)
+}
+
+/// `smc listen`.
+pub fn listen(args: &ListenArgs) -> ExitCode {
+    let r = start(None, args.stats, args.quiet)
+        .map_err(anyhow::Error::from)
+        .and_then(|stack| {
+            let r = endpoint::listen(&SmcNet { stack }, args, &StackInspect(stack));
+            terminate(stack, Duration::from_secs(30));
+            r
+        });
+    exit(r, "listen")
+}
+
+/// `smc connect`.
+pub fn connect(args: &ConnectArgs) -> ExitCode {
+    let r = start(args.bind, args.stats, args.quiet)
+        .map_err(anyhow::Error::from)
+        .and_then(|stack| {
+            let r = endpoint::connect(&SmcNet { stack }, args, &StackInspect(stack));
+            terminate(stack, Duration::from_secs(30));
+            r
+        });
+    exit(r, "connect")
+}
+
+/// Options shared by `smc demo` and `smc bench`: where the two stacks live.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PairArgs {
+    /// The server stack's (listener's) address.
+    #[arg(long, default_value = "127.0.0.2")]
+    pub server_ip: IpAddr,
+    /// The client stack's address.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub client_ip: IpAddr,
+    /// Print both stacks' link groups, connections and counters at the end.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+/// Two stacks in this process, client and server, each with its own software RNIC
+/// device (UDP 4791 on its address), with CLC allowed between them by the explicit
+/// policy (no eBPF needed; outside RFC 7609, see README "TCP option").
+fn stack_pair(p: &PairArgs) -> Result<(Stack, Stack)> {
+    let policy: smc_bpf::SkipOptionPolicy =
+        format!("{},{}", pattern(p.server_ip), pattern(p.client_ip))
+            .parse()
+            .context("policy")?;
+    let mut sc = StackConfig::from_env();
+    sc.skip_tcp_option = policy.clone();
+    sc.tcp_option = false;
+    let mut cc = sc.clone();
+    cc.local_addr = Some(p.client_ip);
+    let server = Stack::new(sc).context("server stack")?;
+    let client = Stack::new(cc).context("client stack")?;
+    Ok((server, client))
+}
+
+/// NOSMCDEV between our own two stacks nearly always means that their RNIC devices
+/// could not open UDP 4791 on their addresses (another SMC-R process has it).
+fn hint(m: &ConnMode) -> &'static str {
+    if m.text.contains("0x03030000") {
+        " — is another SMC-R process using UDP port 4791 on these addresses? \
+         Try other loopback addresses: --server-ip 127.0.9.2 --client-ip 127.0.9.1"
+    } else {
+        ""
+    }
+}
+
+fn pattern(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(a) => format!("{a}/32:*"),
+        IpAddr::V6(a) => format!("[{a}/128]:*"),
+    }
+}
+
+/// `smc demo` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Bytes to move each way (e.g. 256M, 1G).
+    #[arg(long, default_value = "256M")]
+    pub bytes: String,
+    /// 1-byte ping-pongs for the latency line.
+    #[arg(long, default_value_t = 2000)]
+    pub iters: usize,
+    #[command(flatten)]
+    pub pair: PairArgs,
+}
+
+/// `smc demo`.
+pub fn demo(args: &DemoArgs) -> ExitCode {
+    exit(run_demo(args), "demo")
+}
+
+fn run_demo(args: &DemoArgs) -> Result<()> {
+    let bytes = crate::payload::parse_size(&args.bytes).map_err(anyhow::Error::msg)?;
+    let (server, client) = stack_pair(&args.pair)?;
+    println!(
+        "smc demo: SMC-R between two stacks in this process over the software RoCEv2 RNIC \
+         (client {} → server {}), then the same over kernel TCP",
+        args.pair.client_ip, args.pair.server_ip
+    );
+    let l = SmcListener::bind_with(&server, SocketAddr::new(args.pair.server_ip, 0))
+        .context("SMC-R listener")?;
+    let smc = demo::run_side("SMC-R", l, &SmcNet { stack: &client }, bytes, args.iters)?;
+    let groups = server.link_groups();
+    let tl = TcpListener::bind(SocketAddr::new(args.pair.server_ip, 0))?;
+    let tcp = demo::run_side("TCP", tl, &KernelTcp, bytes, args.iters)?;
+    print!("{}", demo::render(&smc, &tcp, bytes));
+    for g in &groups {
+        println!(
+            "link group {} (server side): SMC-Rv{}, peer {}, {} link(s): {}",
+            g.id,
+            g.version,
+            g.peer,
+            g.links.len(),
+            g.links
+                .iter()
+                .map(|l| format!(
+                    "QP {:#x} ↔ {} on {}",
+                    l.qpn,
+                    l.peer_qpn.map(|q| format!("{q:#x}")).unwrap_or("-".into()),
+                    l.device
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if args.pair.stats {
+        endpoint::print_stats(&StackInspect(&server), "server stack");
+        endpoint::print_stats(&StackInspect(&client), "client stack");
+    }
+    if !smc.verified() || !tcp.verified() {
+        bail!("data verification failed");
+    }
+    if !smc.exchange.mode.is_smc() || !smc.server.mode.is_smc() {
+        bail!(
+            "the SMC connection is not SMC-R: {}{}",
+            smc.exchange.mode,
+            hint(&smc.exchange.mode)
+        );
+    }
+    Ok(())
+}
+
+/// `smc bench` options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Bulk transfer size (64 KiB writes).
+    #[arg(long, default_value = "256M")]
+    pub bytes: String,
+    /// Timed ping-pongs per message size.
+    #[arg(long, default_value_t = 5000)]
+    pub iters: usize,
+    /// Ping-pong message sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1,1024")]
+    pub sizes: Vec<u32>,
+    /// Connections opened and closed in sequence for the connection rate.
+    #[arg(long, default_value_t = 500)]
+    pub conns: usize,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub pair: PairArgs,
+}
+
+/// `smc bench`.
+pub fn bench(args: &BenchArgs) -> ExitCode {
+    exit(run_bench(args), "bench")
+}
+
+fn run_bench(args: &BenchArgs) -> Result<()> {
+    let plan = Plan {
+        bulk_bytes: crate::payload::parse_size(&args.bytes).map_err(anyhow::Error::msg)?,
+        iters: args.iters,
+        warmup: (args.iters / 10).clamp(1, 500),
+        sizes: args.sizes.clone(),
+        conns: args.conns,
+    };
+    let (server, client) = stack_pair(&args.pair)?;
+    if !args.json {
+        eprintln!(
+            "smc bench: SMC-R over the software RoCEv2 RNIC ({} → {}) vs kernel TCP loopback",
+            args.pair.client_ip, args.pair.server_ip
+        );
+    }
+    let l = SmcListener::bind_with(&server, SocketAddr::new(args.pair.server_ip, 0))
+        .context("SMC-R listener")?;
+    let smc = bench::measure(
+        "SMC-R",
+        l,
+        &SmcNet { stack: &client },
+        &plan,
+        ModeKind::SmcR,
+    )
+    .context("SMC-R")?;
+    let tl = TcpListener::bind(SocketAddr::new(args.pair.server_ip, 0))?;
+    let tcp = bench::measure("TCP", tl, &KernelTcp, &plan, ModeKind::KernelTcp).context("TCP")?;
+    let report = bench::compare(smc, tcp);
+    if !report.smc.all_expected_mode {
+        eprintln!(
+            "smc bench: WARNING: SMC-R connections fell back to TCP ({}){}",
+            report.smc.mode,
+            if report.smc.mode.contains("0x03030000") {
+                " — is another SMC-R process using UDP port 4791 on these addresses? \
+                 Try --server-ip 127.0.9.2 --client-ip 127.0.9.1"
+            } else {
+                ""
+            }
+        );
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", bench::render(&report));
+    }
+    if args.pair.stats {
+        endpoint::print_stats(&StackInspect(&server), "server stack");
+        endpoint::print_stats(&StackInspect(&client), "client stack");
+    }
+    // The targets are reported, not asserted; a measurement that failed is an error.
+    let failed = report.smc.errors.len() + report.tcp.errors.len();
+    if failed > 0 {
+        bail!("{failed} measurement(s) failed (see the report)");
+    }
+    if !report.smc.all_expected_mode {
+        bail!("the SMC-R side fell back to TCP");
+    }
+    Ok(())
+}
