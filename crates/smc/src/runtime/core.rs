@@ -429,8 +429,9 @@ pub(crate) fn register_client(
             done: false,
         },
     );
-    // Outputs (the Proposal, or an immediate fallback) are drained by the event thread.
-    core.notes.push_back((id, Note::Drain));
+    // Send the Proposal (or finish a not-eligible connection) right here: one thread
+    // hop less per connection.
+    core.with_hs(inner, id, Instant::now(), |_, _| {});
     drop(core);
     inner.wake();
     Ok(())
