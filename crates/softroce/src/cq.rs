@@ -101,6 +101,14 @@ impl CqShared {
         }
     }
 
+    /// Disarms, unless a handler relies on the arming (a CQ with a handler
+    /// keeps ibverbs semantics exactly: the next completion fires).
+    fn disarm(&self) {
+        if !self.has_handler() {
+            self.inner.lock().unwrap_or_else(|e| e.into_inner()).armed = None;
+        }
+    }
+
     fn has_handler(&self) -> bool {
         self.handler
             .lock()
@@ -211,14 +219,11 @@ impl CqOps for SoftCq {
             if self.pending() > 0 {
                 return Ok(true);
             }
-            dev.drain_rx();
-            if self.pending() > 0 {
-                return Ok(true);
-            }
-            // Armed, so completions other threads add (engine timers,
-            // another receiver) make the event fd readable.
+            // Armed while we sleep, so completions other threads add
+            // (engine timers, another receiver) make the event fd readable.
             self.req_notify(false);
             if self.pending() > 0 {
+                self.shared.disarm();
                 return Ok(true);
             }
             let ts = match deadline {
@@ -226,6 +231,7 @@ impl CqOps for SoftCq {
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
+                        self.shared.disarm();
                         return Ok(false);
                     }
                     let rest = d - now;
@@ -261,6 +267,12 @@ impl CqOps for SoftCq {
             }
             if pfd[1].revents != 0 {
                 self.ack_events();
+            }
+            // Completions we deliver ourselves need no event (that would
+            // cost an eventfd write now and a spurious wake-up next time).
+            self.shared.disarm();
+            if pfd[0].revents != 0 {
+                dev.drain_rx();
             }
         }
     }
