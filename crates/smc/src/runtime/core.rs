@@ -76,7 +76,8 @@ pub(crate) struct Core {
 enum Note {
     Link(LinkEvent),
     Rkey(Result<(), DeclineCode>),
-    /// A new machine: drain its first outputs (the Proposal, or an immediate fallback).
+    /// A newly accepted connection: drain the machine's first outputs (an immediate
+    /// fallback when CLC is not allowed on it).
     Drain,
 }
 
