@@ -66,6 +66,9 @@ pub struct Stats {
     pub fault_dropped: AtomicU64,
     /// sendmmsg failures (packets lost locally).
     pub tx_errors: AtomicU64,
+    /// Packets received by application threads waiting in `Cq::wait`
+    /// (the rest the engine thread received).
+    pub rx_by_waiters: AtomicU64,
 }
 
 /// A batch of outgoing packets.
@@ -375,8 +378,14 @@ impl DevShared {
     pub(crate) fn drain_rx(&self) {
         let mut g = self.rx.lock().unwrap_or_else(|e| e.into_inner());
         let RxState { batch: rx, touched } = &mut *g;
+        let waiter = !on_engine_thread();
         loop {
             let n = recv_batch(self, rx);
+            if waiter && n.len > 0 {
+                self.stats
+                    .rx_by_waiters
+                    .fetch_add(n.len as u64, Ordering::Relaxed);
+            }
             for i in 0..n.len {
                 let Some((src, sport)) = sockaddr_ip(&rx.addrs[i]) else {
                     continue;
