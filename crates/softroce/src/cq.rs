@@ -75,7 +75,7 @@ impl CqShared {
     /// provider thread: directly when called from the engine, else the
     /// engine is asked to do it.
     pub(crate) fn fire(self: &Arc<Self>) {
-        self.fire_with(crate::device::on_engine_thread());
+        self.fire_with(crate::device::runs_handlers());
     }
 
     /// Like [`CqShared::fire`]; `direct` runs the handler on this thread
@@ -210,7 +210,7 @@ impl CqOps for SoftCq {
         let dev = match self.shared.dev.upgrade() {
             // A handler that blocks (it must not) runs on the engine, which
             // may hold the receive path: keep the plain wait there.
-            Some(d) if !crate::device::on_engine_thread() => d,
+            Some(d) if !crate::device::runs_handlers() => d,
             _ => return wait_on_event_fd(self, timeout),
         };
         let deadline = timeout.map(|t| Instant::now() + t);

@@ -39,11 +39,20 @@ thread_local! {
     /// Per-thread transmit batch (allocated once per thread).
     pub(crate) static TX: RefCell<TxBatch> = RefCell::new(TxBatch::new());
     static IS_ENGINE: Cell<bool> = const { Cell::new(false) };
+    /// Set while a thread is inside `DeviceOps::drive`.
+    static DRIVING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// True on a device's engine thread.
 pub(crate) fn on_engine_thread() -> bool {
     IS_ENGINE.with(|c| c.get())
+}
+
+/// True where completion handlers may run directly: the engine thread, or
+/// a thread inside `DeviceOps::drive` (which the caller entered holding no
+/// lock a handler takes).
+pub(crate) fn runs_handlers() -> bool {
+    on_engine_thread() || DRIVING.with(|c| c.get())
 }
 
 /// Device counters.
@@ -485,6 +494,40 @@ impl DeviceOps for SoftDevice {
             dev: self.handle.clone(),
         }))
     }
+    fn drive(&self, done: &dyn Fn() -> bool, max: Duration) -> bool {
+        let dev = &self.handle.shared;
+        if runs_handlers() {
+            // The engine (or a nested drive from a handler) must not wait here.
+            return done();
+        }
+        let deadline = Instant::now() + max;
+        let _driver = dev.enter_driver();
+        DRIVING.with(|c| c.set(true));
+        let r = loop {
+            dev.drain_rx();
+            if done() {
+                break true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break false;
+            }
+            let rest = deadline - now;
+            let ts = libc::timespec {
+                tv_sec: rest.as_secs() as libc::time_t,
+                tv_nsec: rest.subsec_nanos() as libc::c_long,
+            };
+            let mut pfd = libc::pollfd {
+                fd: dev.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd and a timespec, live for the call.
+            unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        };
+        DRIVING.with(|c| c.set(false));
+        r
+    }
     fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqOps>> {
         let max = self.handle.shared.attr.max_cqe;
         if cqe == 0 || cqe > max {
@@ -688,7 +731,7 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         wake_fd: unsafe { OwnedFd::from_raw_fd(wfd) },
         shutdown: AtomicBool::new(false),
         running: AtomicBool::new(true),
-        deferred: Mutex::new(Vec::new()),
+        deferred: Mutex::new(Vec::with_capacity(64)),
         rx: Mutex::new(RxState {
             batch: RxBatch {
                 bufs: vec![0u8; rx_slot * BATCH],
@@ -780,8 +823,14 @@ fn sockaddr_ip(sa: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
 
 fn engine(dev: Arc<DevShared>) {
     IS_ENGINE.with(|c| c.set(true));
-    let mut service: Vec<Arc<QpShared>> = Vec::new();
-    let mut fire: Vec<Arc<CqShared>> = Vec::new();
+    // Build this thread's transmit batch now: with waiters receiving, the
+    // engine may send its first packet long after start-up, and the steady
+    // state must not allocate.
+    TX.with(|_| {});
+    // Allocated up front: the steady state must not touch the heap even the
+    // first time a timer or a deferred handler needs them.
+    let mut service: Vec<Arc<QpShared>> = Vec::with_capacity(64);
+    let mut fire: Vec<Arc<CqShared>> = Vec::with_capacity(64);
     while !dev.shutdown.load(Ordering::Acquire) {
         // Timers and pending work.
         let now = Instant::now();

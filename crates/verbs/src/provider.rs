@@ -77,6 +77,16 @@ pub trait DeviceOps: Send + Sync {
     fn alloc_pd(&self) -> Result<Arc<dyn PdOps>>;
     /// Creates a completion queue with room for `cqe` completions.
     fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqOps>>;
+    /// Makes progress on the calling thread until `done()` or `max` passed,
+    /// for a consumer about to sleep until a completion handler wakes it:
+    /// a provider that can (softroce) receives here and runs the handlers of
+    /// the completions it produces on this thread, sparing a thread
+    /// wake-up. Returns `done()`; the default does nothing (returns at
+    /// once). The caller must hold no lock a handler may take.
+    fn drive(&self, done: &dyn Fn() -> bool, max: Duration) -> bool {
+        let _ = max;
+        done()
+    }
     /// For downcasting in providers.
     fn as_any(&self) -> &dyn Any;
 }

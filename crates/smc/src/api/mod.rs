@@ -108,6 +108,32 @@ impl SmcHandle {
         st: MutexGuard<'a, ConnState>,
         wait: Wait,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
+        let drive = self.stack.cfg.rnic_drive;
+        let st = if !drive.is_zero() {
+            if let Wait::Until(deadline) = wait {
+                // Receive on this thread for a while (no lock held: the completion
+                // handler runs here and takes the connection's lock).
+                let seq = self.conn.wake_seq.load(Ordering::Acquire);
+                drop(st);
+                let max = deadline.map_or(drive, |d| {
+                    d.saturating_duration_since(Instant::now()).min(drive)
+                });
+                let conn = &self.conn;
+                conn.link
+                    .device
+                    .0
+                    .drive(&|| conn.wake_seq.load(Ordering::Acquire) != seq, max);
+                let st = self.conn.lock();
+                if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+                    return Ok(st);
+                }
+                st
+            } else {
+                st
+            }
+        } else {
+            st
+        };
         let busy = self.stack.cfg.busy_poll;
         let st = if matches!(wait, Wait::Until(_)) && !busy.is_zero() {
             // Busy poll: spin a little for the completion thread's wake-up before

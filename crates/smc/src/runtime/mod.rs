@@ -77,6 +77,11 @@ pub struct StackConfig {
     /// (like Linux `net.core.busy_poll`): saves the thread wake-up on request/response
     /// traffic at the cost of CPU. Zero disables it.
     pub busy_poll: Duration,
+    /// Before sleeping, a blocking read or write lets its link's RNIC make progress on
+    /// the calling thread this long (`DeviceOps::drive`; softroce receives and runs the
+    /// completion handler there), so the peer's CDC wakes one thread instead of the
+    /// RNIC's and then this one. Zero disables it.
+    pub rnic_drive: Duration,
     /// Connection policy knobs (update policy, close timers, ...).
     pub conn: ConnConfig,
     /// Rendezvous details (host name, layouts, LLC timers); versions, UEIDs and the CLC
@@ -124,6 +129,7 @@ impl StackConfig {
             local_addr: None,
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
+            rnic_drive: Duration::from_millis(1),
             conn: ConnConfig {
                 update_policy: UpdatePolicy::linux(),
                 ..ConnConfig::default()
