@@ -329,3 +329,17 @@ fn no_common_version_falls_back() {
     assert!(reason.peer.is_some(), "{reason}");
     echo_check(&c);
 }
+
+#[test]
+fn connect_timeout_bounds_the_rendezvous() {
+    let cli = client_only(|_| {});
+    let addr = scripted_server(|mut s| {
+        let _ = read_clc(&mut s);
+        let mut b = [0u8; 64];
+        let _ = s.read(&mut b); // silent until the client gives up
+    });
+    let t0 = Instant::now();
+    let e = SmcStream::connect_timeout_with(&cli, &addr, Duration::from_millis(300)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+}

@@ -66,6 +66,42 @@ fn latency_and_throughput() {
     let tcp1k = pingpong(&mut t, 20000, 1024);
     println!("RTT 1 B: SMC-R {smc1:.1} µs, TCP {tcp1:.1} µs; 1 KiB: SMC-R {smc1k:.1} µs, TCP {tcp1k:.1} µs");
 
+    // Connection rate (subsequent contact): connect, 1 byte each way, close.
+    let n = 2000;
+    let l = listen(&srv);
+    let caddr = l.local_addr().unwrap();
+    echo_server(l);
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let mut s = smc::SmcStream::connect_with(&cli, caddr).unwrap();
+        s.write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+    }
+    let smc_cps = n as f64 / t0.elapsed().as_secs_f64();
+    let tl = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ta = tl.local_addr().unwrap();
+    thread::spawn(move || {
+        for s in tl.incoming() {
+            let mut s = s.unwrap();
+            thread::spawn(move || {
+                let mut b = [0u8; 1];
+                if s.read_exact(&mut b).is_ok() {
+                    let _ = s.write_all(&b);
+                }
+            });
+        }
+    });
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let mut s = TcpStream::connect(ta).unwrap();
+        s.write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+    }
+    let tcp_cps = n as f64 / t0.elapsed().as_secs_f64();
+    println!("connections/s: SMC-R {smc_cps:.0}, TCP {tcp_cps:.0}");
+
     // Bulk: 1 GiB one way, 64 KiB writes.
     let l = listen(&srv);
     let addr = l.local_addr().unwrap();

@@ -460,3 +460,36 @@ fn several_qps_and_devices_in_one_process() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn zero_length_rdma_skips_the_rkey_check() {
+    // CHECKLIST §C.6 RK-C3: IBA does not validate the R_Key of a 0-byte
+    // RDMA WRITE or READ.
+    let o = Opts::default();
+    let (a, _b) = pair(8, &Config::default(), &o);
+    a.qp.post_send_batch(&[
+        SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWrite {
+                remote_addr: 0xdead_0000,
+                rkey: 0x0bad_0bad,
+            },
+            sg_list: &[],
+            flags: SendFlags::SIGNALED,
+        },
+        SendWr {
+            wr_id: 2,
+            op: SendOp::RdmaRead {
+                remote_addr: 0xdead_0000,
+                rkey: 0x0bad_0bad,
+            },
+            sg_list: &[],
+            flags: SendFlags::SIGNALED,
+        },
+    ])
+    .unwrap();
+    for i in 1..=2 {
+        let wc = wait_wc(&a.scq, T);
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+    }
+}

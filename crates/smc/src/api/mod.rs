@@ -320,6 +320,7 @@ pub(crate) fn connect_one(
             sock.bind(&SocketAddr::new(ip, 0).into())?;
         }
     }
+    let t0 = Instant::now();
     match timeout {
         Some(t) => sock.connect_timeout(&addr.into(), t)?,
         None => sock.connect(&addr.into())?,
@@ -329,8 +330,11 @@ pub(crate) fn connect_one(
     let slot = Arc::new(ConnectSlot::default());
     register_client(stack, tcp, slot.clone())?;
     // The machines bound every wait (ClcConfig::max_rendezvous_time); the margin only
-    // protects against a stopped stack.
-    let limit = Instant::now() + stack.clc.max_rendezvous_time() + Duration::from_secs(5);
+    // protects against a stopped stack. A connect timeout bounds the whole connect.
+    let mut limit = Instant::now() + stack.clc.max_rendezvous_time() + Duration::from_secs(5);
+    if let Some(t) = timeout {
+        limit = limit.min(t0 + t);
+    }
     let mut g = slot.result.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         if let Some(r) = g.take() {
@@ -338,9 +342,11 @@ pub(crate) fn connect_one(
         }
         let now = Instant::now();
         if now >= limit {
+            // A result arriving later is closed by the event thread.
+            slot.abandoned.store(true, Ordering::SeqCst);
             return Err(io::Error::new(
                 ErrorKind::TimedOut,
-                "SMC-R rendezvous did not finish",
+                "SMC-R rendezvous did not finish in time",
             ));
         }
         g = slot
@@ -403,8 +409,8 @@ impl SmcStream {
         each_addr(addr, |a| connect_one(&inner, a, None)).map(|e| stream_from(&inner, e))
     }
 
-    /// Connects with [`Stack::global`], the TCP connect bounded by `t` (the rendezvous
-    /// is bounded by the CLC timers).
+    /// Connects with [`Stack::global`]; the whole connect (TCP handshake and SMC-R
+    /// rendezvous) is bounded by `t` (`TimedOut`).
     pub fn connect_timeout(addr: &SocketAddr, t: Duration) -> io::Result<Self> {
         let inner = Stack::global().inner.clone();
         connect_one(&inner, *addr, Some(t)).map(|e| stream_from(&inner, e))

@@ -76,7 +76,8 @@ pub(crate) struct Core {
 enum Note {
     Link(LinkEvent),
     Rkey(Result<(), DeclineCode>),
-    /// A new machine: drain its first outputs (the Proposal, or an immediate fallback).
+    /// A newly accepted connection: drain the machine's first outputs (an immediate
+    /// fallback when CLC is not allowed on it).
     Drain,
 }
 
@@ -429,8 +430,9 @@ pub(crate) fn register_client(
             done: false,
         },
     );
-    // Outputs (the Proposal, or an immediate fallback) are drained by the event thread.
-    core.notes.push_back((id, Note::Drain));
+    // Send the Proposal (or finish a not-eligible connection) right here: one thread
+    // hop less per connection.
+    core.with_hs(inner, id, Instant::now(), |_, _| {});
     drop(core);
     inner.wake();
     Ok(())
@@ -1810,7 +1812,17 @@ impl Core {
                     Ok(Established::Smc(c))
                 }
                 Err(e) => {
+                    // Local failure after the point of no return: give back what the
+                    // rendezvous allocated and reset the TCP connection (RFC 7609 C.1).
+                    warn!(peer = %hs.peer, error = %e, "cannot set up the connection");
                     inner.counters.resets.fetch_add(1, Ordering::Relaxed);
+                    if let Some(g) = self.lgrs.get_mut(&est.lgr) {
+                        release_rmb(inner, g, est.local_rmb.rmb.0 as u32, now, false);
+                        self.dirty.insert(est.lgr);
+                    }
+                    if let Ok(t) = hs.tcp.try_clone() {
+                        sys::reset_tcp(t);
+                    }
                     Err(e)
                 }
             },

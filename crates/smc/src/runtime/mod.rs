@@ -479,14 +479,32 @@ pub(crate) enum Established {
 pub(crate) struct ConnectSlot {
     pub result: Mutex<Option<io::Result<Established>>>,
     pub cond: Condvar,
+    /// The caller gave up (connect timeout): a late result is closed, not kept.
+    pub abandoned: AtomicBool,
 }
 
 impl ConnectSlot {
     pub(crate) fn complete(&self, r: io::Result<Established>) {
         if let Ok(mut g) = self.result.lock() {
+            if self.abandoned.load(Ordering::SeqCst) {
+                if let Ok(e) = r {
+                    discard(e);
+                }
+                return;
+            }
             *g = Some(r);
         }
         self.cond.notify_all();
+    }
+}
+
+/// Closes a finished rendezvous nobody will use (caller gone, accept queue full).
+pub(crate) fn discard(e: Established) {
+    if let Established::Smc(c) = e {
+        let mut st = c.lock();
+        st.conn.close(Instant::now());
+        st.released = true;
+        c.drive(&mut st, Instant::now());
     }
 }
 
@@ -512,12 +530,7 @@ impl ListenerShared {
             // get to pin unbounded memory; the connection is closed.
             if q.len() >= MAX_ACCEPT_QUEUE {
                 debug!(%peer, "accept queue full; connection dropped");
-                if let Established::Smc(c) = e {
-                    let mut st = c.lock();
-                    st.conn.close(Instant::now());
-                    st.released = true;
-                    c.drive(&mut st, Instant::now());
-                }
+                discard(e);
                 return;
             }
             q.push_back((e, peer));

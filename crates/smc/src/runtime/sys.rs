@@ -57,8 +57,26 @@ pub(crate) struct IfAddr {
     pub prefix_len: u8,
 }
 
-/// Every address of every interface (getifaddrs).
+/// How long interface addresses are cached (every rendezvous needs them; a netlink dump
+/// per connection would cost more than the rest of the rendezvous' local work).
+const IF_CACHE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Every address of every interface (getifaddrs), cached for a short while.
 pub(crate) fn if_addrs() -> Vec<IfAddr> {
+    static CACHE: std::sync::Mutex<Option<(std::time::Instant, Vec<IfAddr>)>> =
+        std::sync::Mutex::new(None);
+    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((t, v)) = c.as_ref() {
+        if t.elapsed() < IF_CACHE {
+            return v.clone();
+        }
+    }
+    let v = if_addrs_now();
+    *c = Some((std::time::Instant::now(), v.clone()));
+    v
+}
+
+fn if_addrs_now() -> Vec<IfAddr> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below.
