@@ -6,7 +6,8 @@
 #     group; the link group then idles 8 s and the kernel's TEST LINK is answered
 #     (CHECK_TESTLINK=1); the SMC-R TCP option in SYN and our SYN-ACK (CHECK_OPTION=1);
 #     smc_diag SMCR on every kernel connection; no kernel protocol violation; every RoCEv2
-#     ICRC right; orderly close.
+#     ICRC right; orderly close; then the kernel unloads smc (TEARDOWN=rmmod), which sends
+#     DELETE LINK (ALL): our listener answers and ends the link group.
 #   run 2 (SCEN=decline): our server has another User EID, sends the CLC Decline, the
 #     kernel records PEERDECL and both sides carry on as TCP (the echo is still checked).
 # Exit 0 pass, 77 skip (with the reason) when this machine cannot run VMs, else fail.
@@ -17,9 +18,9 @@ TEST_NAME=kpeer-linux-client
 . tests/system/lib/kpeer-linux.bash
 kpeer_linux_prepare
 
-kpeer_run reuse smc-client PLAN=serve SIZES=1M,100M,1M IDLE=8 CHECK_TESTLINK=1 CHECK_OPTION=1 \
+kpeer_run reuse smc-client PLAN=serve SIZES=1M,100M,1M IDLE=8 TEARDOWN=rmmod CHECK_TESTLINK=1 CHECK_OPTION=1 \
   SMC_RS_KEEPALIVE_MS=30000
-kpeer_run decline smc-client SCEN=decline PLAN=serve CHECK_OPTION=1
+kpeer_run decline smc-client SCEN=decline PLAN=serve PEER_EXPECT=decline CHECK_OPTION=1
 
 if [ "$FAILS" -gt 0 ]; then echo "$TEST_NAME: $FAILS run(s) failed"; exit 1; fi
 echo "$TEST_NAME: all checks passed"

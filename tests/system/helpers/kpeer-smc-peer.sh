@@ -15,7 +15,9 @@
 #     decline   two echoes (4 KiB, 64 KiB); every one must fall back to TCP after a CLC
 #               Decline from the kernel and still echo correctly
 #   server role (smc-client mode: kernel client, our server)
-#     serve     echo every connection (SMC-R or, after our Decline, TCP) until SIGTERM
+#     serve     echo every connection until SIGTERM; then check: $KPEER_CONNS connections,
+#               SMC-Rv2 on one link group (first, then subsequent contact), or with
+#               PEER_EXPECT=decline every one declined by us and echoed over TCP
 # Exit status is the verdict (the harness also accepts death by its SIGTERM).
 set -u
 SMC=${SMC:?path of the smc binary}
@@ -62,7 +64,28 @@ client/decline)
   echo "PEER OK"
   ;;
 server/serve)
-  exec "$SMC" listen "$KPEER_LOCAL_IP:$KPEER_PORT" --echo --stats
+  # Until the harness's SIGTERM (after the kernel's connections, idle time and teardown);
+  # passed on to the listener, which then ends its link groups in order.
+  "$SMC" listen "$KPEER_LOCAL_IP:$KPEER_PORT" --echo --stats > "$log/listen.out" 2> "$log/listen.err" &
+  lpid=$!
+  trap 'kill -TERM "$lpid" 2>/dev/null' TERM
+  wait "$lpid"; rc=$?
+  if kill -0 "$lpid" 2>/dev/null; then wait "$lpid"; rc=$?; fi
+  cat "$log/listen.out"; grep -v ' INFO \| DEBUG ' "$log/listen.err"
+  case $rc in 0|143) ;; *) fail "smc listen exit $rc" ;; esac
+  n=$KPEER_CONNS
+  [ "$(grep -c '^accepted ' "$log/listen.err")" = "$n" ] || fail "not $n connections accepted"
+  [ "$(grep -c '^conn .* echoed ' "$log/listen.out")" = "$n" ] || fail "not $n connections echoed"
+  if [ "${PEER_EXPECT:-smcr}" = decline ]; then
+    [ "$(grep -c '^accepted .*: TCP fallback: declined: .*(0x03030000)' "$log/listen.err")" = "$n" ] \
+      || fail "not every connection declined by us (NOSMCDEV) and carried on as TCP"
+  else
+    grep -m1 '^accepted ' "$log/listen.err" | grep -q ': SMC-R v2, link group lgr1, first contact' \
+      || fail "first connection not SMC-Rv2 first contact"
+    [ "$(grep -c '^accepted .*: SMC-R v2, link group lgr1, subsequent contact' "$log/listen.err")" = $((n - 1)) ] \
+      || fail "later connections did not reuse link group lgr1"
+  fi
+  echo "PEER OK"
   ;;
 *) fail "unknown role/plan $KPEER_ROLE/$PLAN" ;;
 esac
