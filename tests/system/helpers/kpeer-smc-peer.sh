@@ -84,6 +84,12 @@ server/serve)
       || fail "first connection not SMC-Rv2 first contact"
     [ "$(grep -c '^accepted .*: SMC-R v2, link group lgr1, subsequent contact' "$log/listen.err")" = $((n - 1)) ] \
       || fail "later connections did not reuse link group lgr1"
+    # TEARDOWN=rmmod: the kernel's DELETE LINK (ALL) must have ended our link group.
+    if [ "${TEARDOWN:-none}" = rmmod ]; then
+      grep -q 'link group terminated: deleted by the peer' "$log/listen.err" \
+        || fail "the kernel's DELETE LINK did not end our link group"
+      echo "link group ended by the kernel's DELETE LINK"
+    fi
   fi
   echo "PEER OK"
   ;;
