@@ -32,6 +32,9 @@ LUA = os.path.join(HERE, "smc_v2_llc.lua")
 TSHARK_OPTS = [
     "-X", "lua_script:" + LUA,
     "--disable-heuristic", "rpcrdma_infiniband",
+    # GSM over IP (ip.access) owns TCP port 5000 by default and calls the TCP payload of
+    # a connection that fell back to TCP malformed.
+    "--disable-protocol", "gsm_ipa",
     "-o", "tcp.try_heuristic_first:TRUE",
 ]
 
