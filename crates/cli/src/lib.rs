@@ -24,3 +24,4 @@ pub mod rdma;
 pub mod roce;
 pub mod signal;
 pub mod smc_cmd;
+pub mod ueid;
