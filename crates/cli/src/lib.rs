@@ -24,4 +24,3 @@ pub mod rdma;
 pub mod roce;
 pub mod signal;
 pub mod smc_cmd;
-pub mod ueid;

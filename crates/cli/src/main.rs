@@ -26,8 +26,6 @@ enum Command {
     Demo(smc_cli::smc_cmd::DemoArgs),
     /// Throughput, latency and connection rate: SMC-R vs kernel TCP, with the targets.
     Bench(smc_cli::smc_cmd::BenchArgs),
-    /// User EIDs for SMC-Rv2 (needed to talk to Linux): add, del, show.
-    Ueid(smc_cli::ueid::Args),
     /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
     #[command(subcommand)]
     Bpf(smc_bpf::cli::BpfCommand),
@@ -61,7 +59,6 @@ fn main() -> ExitCode {
         Command::Demo(args) => smc_cli::smc_cmd::demo(&args),
         Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
         Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
-        Command::Ueid(args) => smc_cli::ueid::command(&args),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();
             match smc_bpf::cli::run(cmd) {
