@@ -13,8 +13,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p smc --all-targets --features tokio -- -D warnings
 echo "== cargo test"
 cargo test --workspace --release
+echo "== cargo test (smc, tokio feature)"
+cargo test --release -p smc --features tokio --test tokio
 echo "== system tests"
 cargo build --release --workspace --bins
 status=0

@@ -10,6 +10,7 @@
 //!   the golden-vector tests).
 //! - [`rdma`]: `smc rdma ...`, tools around the software RoCEv2 RNIC (ibv_rc_pingpong and
 //!   ib_write_bw interop, loopback benchmark against TCP, opcode self-test, bulk transfer).
+//! - [`ueid`]: `smc ueid add|del|show|flush`, the SMC-Rv2 user EIDs.
 
 pub mod bench;
 pub mod capture;
@@ -24,3 +25,4 @@ pub mod rdma;
 pub mod roce;
 pub mod signal;
 pub mod smc_cmd;
+pub mod ueid;

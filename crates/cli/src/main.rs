@@ -33,6 +33,9 @@ enum Command {
     /// self-test, bulk transfer.
     #[command(subcommand)]
     Rdma(smc_cli::rdma::RdmaCommand),
+    /// Show or change the user EIDs (UEIDs) that SMC-Rv2 needs (file shared by every stack).
+    #[command(subcommand)]
+    Ueid(smc_cli::ueid::UeidCommand),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => smc_cli::smc_cmd::demo(&args),
         Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
         Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
+        Command::Ueid(cmd) => smc_cli::ueid::command(&cmd),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();
             match smc_bpf::cli::run(cmd) {
