@@ -9,10 +9,11 @@
 #     ICRC right; orderly close; then the kernel unloads smc (TEARDOWN=rmmod), which sends
 #     DELETE LINK (ALL): our listener answers and ends the link group.
 #   run 2 (SCEN=big): 16 MiB echoed with 1 MiB RMBs on the kernel side.
+#   SCEN=srvhalf and SCEN=abort with smc-kpeer-scen (close flows, resets both ways).
 #   run 3 (SCEN=decline): our server has another User EID, sends the CLC Decline, the
 #     kernel records PEERDECL and both sides carry on as TCP (the echo is still checked).
 # Exit 0 pass, 77 skip (with the reason) when this machine cannot run VMs, else fail.
-# About 55 s + 20 s + 15 s under TCG with a warm cache.
+# About 2 min under TCG with a warm cache.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 TEST_NAME=kpeer-linux-client
@@ -24,6 +25,11 @@ kpeer_run reuse smc-client PLAN=serve SIZES=1M,100M,1M IDLE=8 TEARDOWN=rmmod CHE
 # SCEN=big: the kernel client with 1 MiB socket buffers (1 MiB RMBs) echoes 16 MiB: the
 # kernel writes hundreds of KiB per RDMA WRITE into our RMB and we fill its 1 MiB RMB.
 kpeer_run big smc-client SCEN=big PLAN=serve
+# Close flows (smc-kpeer-scen follows the kernel's scenario script): the server half-closes
+# first, then the client sends more; close with unread data sends abnormal close and the
+# peer sees a reset, in both directions.
+kpeer_run srvhalf smc-client SCEN=srvhalf PLAN=scen
+kpeer_run abort smc-client SCEN=abort PLAN=scen
 kpeer_run decline smc-client SCEN=decline PLAN=serve PEER_EXPECT=decline CHECK_OPTION=1
 
 if [ "$FAILS" -gt 0 ]; then echo "$TEST_NAME: $FAILS run(s) failed"; exit 1; fi

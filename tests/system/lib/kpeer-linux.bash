@@ -44,7 +44,7 @@ kpeer_linux_prepare() {
     || skip "kernel has no eBPF sock_ops support (the Linux peer needs the SMC-R TCP option)"
   CG_ROOT=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts)
   [ -n "$CG_ROOT" ] || skip "no cgroup2 filesystem mounted"
-  if [ ! -x "$SMC" ]; then
+  if [ ! -x "$SMC" ] || [ ! -x "$(dirname "$SMC")/smc-kpeer-scen" ]; then
     case $BIN in
       */release) CARGO_TARGET_DIR=${BIN%/release} cargo build --release -q -p smc-cli --bins \
                    || { echo "FAIL: build"; exit 1; }
