@@ -9,7 +9,7 @@
 #     ICRC right; orderly close; then the kernel unloads smc (TEARDOWN=rmmod), which sends
 #     DELETE LINK (ALL): our listener answers and ends the link group.
 #   run 2 (SCEN=big): 16 MiB echoed with 1 MiB RMBs on the kernel side.
-#   SCEN=srvhalf and SCEN=abort with smc-kpeer-scen (close flows, resets both ways).
+#   SCEN=srvhalf, abort, urg with smc-kpeer-scen (close flows, resets both ways, urgent data).
 #   run 3 (SCEN=decline): our server has another User EID, sends the CLC Decline, the
 #     kernel records PEERDECL and both sides carry on as TCP (the echo is still checked).
 # Exit 0 pass, 77 skip (with the reason) when this machine cannot run VMs, else fail.
@@ -27,9 +27,10 @@ kpeer_run reuse smc-client PLAN=serve SIZES=1M,100M,1M IDLE=8 TEARDOWN=rmmod CHE
 kpeer_run big smc-client SCEN=big PLAN=serve
 # Close flows (smc-kpeer-scen follows the kernel's scenario script): the server half-closes
 # first, then the client sends more; close with unread data sends abnormal close and the
-# peer sees a reset, in both directions.
+# peer sees a reset, in both directions; urgent data (RFC 7609 §4.7.5) each way.
 kpeer_run srvhalf smc-client SCEN=srvhalf PLAN=scen
 kpeer_run abort smc-client SCEN=abort PLAN=scen
+kpeer_run urg smc-client SCEN=urg PLAN=scen
 kpeer_run decline smc-client SCEN=decline PLAN=serve PEER_EXPECT=decline CHECK_OPTION=1
 
 if [ "$FAILS" -gt 0 ]; then echo "$TEST_NAME: $FAILS run(s) failed"; exit 1; fi

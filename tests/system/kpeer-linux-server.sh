@@ -8,7 +8,7 @@
 #     byte by the kernel; the SMC-R TCP option in SYN and SYN-ACK (CHECK_OPTION=1) through
 #     the eBPF program; smc_diag SMCR on every kernel connection; no kernel protocol
 #     violation; every RoCEv2 ICRC right; orderly close (and DELETE LINK at our exit).
-#   SCEN=srvhalf and SCEN=abort with smc-kpeer-scen (close flows, resets both ways).
+#   SCEN=srvhalf, abort, urg with smc-kpeer-scen (close flows, resets both ways, urgent data).
 #   run 2 (SCEN=decline): the kernel has another User EID, declines (CLC Decline on the
 #     wire, smc_diag shows its decline reason) and both sides carry on as TCP.
 # Exit 0 pass, 77 skip (with the reason) when this machine cannot run VMs, else fail.
@@ -36,9 +36,10 @@ then echo "ok: our TEST LINK requests while idle, each answered by the kernel"
 else FAILS=$((FAILS + 1)); echo "FAIL: our TEST LINK requests were not all answered (or none sent)"; fi
 # Close flows (smc-kpeer-scen follows the kernel's scenario script): the server half-closes
 # first, then the client sends more; close with unread data sends abnormal close and the
-# peer sees a reset, in both directions.
+# peer sees a reset, in both directions; urgent data (RFC 7609 §4.7.5) each way.
 kpeer_run srvhalf smc-server SCEN=srvhalf PLAN=scen
 kpeer_run abort smc-server SCEN=abort PLAN=scen
+kpeer_run urg smc-server SCEN=urg PLAN=scen
 kpeer_run decline smc-server SCEN=decline PLAN=decline CHECK_OPTION=1
 
 if [ "$FAILS" -gt 0 ]; then echo "$TEST_NAME: $FAILS run(s) failed"; exit 1; fi

@@ -18,8 +18,8 @@
 #     serve     echo every connection until SIGTERM; then check: $KPEER_CONNS connections,
 #               SMC-Rv2 on one link group (first, then subsequent contact), or with
 #               PEER_EXPECT=decline every one declined by us and echoed over TCP
-#   scen        (either role) SCEN=srvhalf|abort with smc-kpeer-scen: server half-close
-#               first; close with unread data → reset, both ways
+#   scen        (either role) SCEN=srvhalf|abort|urg with smc-kpeer-scen: server half-close
+#               first; close with unread data → reset, both ways; urgent data
 # Exit status is the verdict (the harness also accepts death by its SIGTERM).
 set -u
 SMC=${SMC:?path of the smc binary}
@@ -96,7 +96,7 @@ server/serve)
   echo "PEER OK"
   ;;
 client/scen)
-  # SCEN=srvhalf|abort: the other half of the kernel's scenario (close flows, resets).
+  # SCEN=srvhalf|abort|urg: the other half of the kernel's scenario (close flows, resets).
   export SMC_RS_LOCAL_ADDR=$KPEER_LOCAL_IP
   exec "$(dirname "$SMC")/smc-kpeer-scen" client "$KPEER_SCEN" "$peer"
   ;;

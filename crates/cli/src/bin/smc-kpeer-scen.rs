@@ -1,9 +1,10 @@
 //! `smc-kpeer-scen client|server SCEN ADDR`: the other half of the kernel-peer harness's
-//! close scenarios (tests/kernel-peer/README.md, "Scenarios") on our SMC-R stack, so that
-//! the Linux kernel's `kpeer` meets our close flows: `srvhalf` (the server half-closes
-//! first, then the client sends more) and `abort` (close with unread data → the peer sees
-//! a reset, both ways). Data is the harness's pattern (splitmix64 of seed = connection
-//! index) and is checked byte for byte. Exit 0 when every step passed.
+//! scripted scenarios (tests/kernel-peer/README.md, "Scenarios") on our SMC-R stack, so
+//! that the Linux kernel's `kpeer` meets our close flows and urgent data: `srvhalf` (the
+//! server half-closes first, then the client sends more), `abort` (close with unread
+//! data → the peer sees a reset, both ways) and `urg` (one urgent byte each way, RFC 7609
+//! §4.7.5). Data is the harness's pattern (splitmix64 of seed = connection index) and is
+//! checked byte for byte. Exit 0 when every step passed.
 //!
 //! The stack is `Stack::global()` (SMC_RS_UEID, the eBPF TCP option, SMC_RS_LOCAL_ADDR).
 
@@ -87,6 +88,24 @@ fn send_until_reset(s: &mut SmcStream, seed: u64, len: usize) -> Result<()> {
     bail!("no reset seen within 15 s after sending {off} of {len} bytes")
 }
 
+/// Waits (≤ 15 s) for the urgent byte and returns it (the harness's side waits for
+/// POLLPRI; we poll `recv(MSG_OOB)`).
+fn wait_urgent(s: &SmcStream) -> Result<u8> {
+    let t0 = Instant::now();
+    loop {
+        match s.recv_urgent() {
+            Ok(b) => return Ok(b),
+            Err(e)
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::InvalidInput)
+                    && t0.elapsed() < Duration::from_secs(15) =>
+            {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => return Err(e).context("no urgent byte within 15 s"),
+        }
+    }
+}
+
 fn mode(s: &SmcStream) -> Result<()> {
     eprintln!("connection: {}", s.mode());
     ensure!(s.mode().is_smc(), "not SMC-R: {}", s.mode());
@@ -117,6 +136,22 @@ fn client(scen: &str, addr: SocketAddr) -> Result<()> {
             mode(&s)?;
             read_exact_checked(&mut s, 1, 0, 1000)?;
             std::thread::sleep(Duration::from_millis(500));
+            drop(s);
+        }
+        "urg" => {
+            let mut s = SmcStream::connect(addr).context("connect")?;
+            mode(&s)?;
+            s.write_all(&pattern(0, 0, 1000))?;
+            std::thread::sleep(Duration::from_millis(200));
+            s.send_urgent(b'U')?;
+            std::thread::sleep(Duration::from_millis(200));
+            s.write_all(&pattern(0, 1000, 2000))?;
+            s.shutdown(Shutdown::Write)?;
+            let v = wait_urgent(&s)?;
+            read_exact_checked(&mut s, 0, 0, 1000)?;
+            ensure!(v == b'V', "urgent byte {v:#04x}, expected 'V'");
+            read_exact_checked(&mut s, 0, 1000, 2000)?;
+            expect_eof(&mut s)?;
             drop(s);
         }
         _ => bail!("unknown scenario {scen}"),
@@ -150,6 +185,20 @@ fn server(scen: &str, addr: SocketAddr) -> Result<()> {
             mode(&s)?;
             send_until_reset(&mut s, 1, 32_768)?;
             eprintln!("conn 1: reset seen");
+            drop(s);
+        }
+        "urg" => {
+            let (mut s, _) = l.accept()?;
+            mode(&s)?;
+            let u = wait_urgent(&s)?;
+            read_exact_checked(&mut s, 0, 0, 1000)?;
+            ensure!(u == b'U', "urgent byte {u:#04x}, expected 'U'");
+            s.write_all(&pattern(0, 0, 1000))?;
+            std::thread::sleep(Duration::from_millis(200));
+            s.send_urgent(b'V')?;
+            read_exact_checked(&mut s, 0, 1000, 2000)?;
+            expect_eof(&mut s)?;
+            s.write_all(&pattern(0, 1000, 2000))?;
             drop(s);
         }
         _ => bail!("unknown scenario {scen}"),
@@ -186,7 +235,7 @@ fn main() -> ExitCode {
     let run = || -> Result<()> {
         ensure!(
             args.len() == 4,
-            "usage: smc-kpeer-scen client|server srvhalf|abort ADDR"
+            "usage: smc-kpeer-scen client|server srvhalf|abort|urg ADDR"
         );
         let addr: SocketAddr = args[3].parse().context("ADDR")?;
         match args[1].as_str() {
