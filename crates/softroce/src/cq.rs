@@ -6,7 +6,9 @@ use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex, Weak};
 
-use smc_verbs::{CompletionHandler, CqOps, WcStatus, WorkCompletion};
+use std::time::{Duration, Instant};
+
+use smc_verbs::{wait_on_event_fd, CompletionHandler, CqOps, WcStatus, WorkCompletion};
 
 use crate::device::DevShared;
 
@@ -90,9 +92,28 @@ impl CqShared {
         };
         if direct {
             self.run_handler();
-        } else if let Some(dev) = self.dev.upgrade() {
-            dev.defer_fire(self.clone());
+        } else if self.has_handler() {
+            // Only wake the engine when there is a handler to run (a thread
+            // receiving in `wait` fires on every completion it delivers).
+            if let Some(dev) = self.dev.upgrade() {
+                dev.defer_fire(self.clone());
+            }
         }
+    }
+
+    /// Disarms, unless a handler relies on the arming (a CQ with a handler
+    /// keeps ibverbs semantics exactly: the next completion fires).
+    fn disarm(&self) {
+        if !self.has_handler() {
+            self.inner.lock().unwrap_or_else(|e| e.into_inner()).armed = None;
+        }
+    }
+
+    fn has_handler(&self) -> bool {
+        self.handler
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     pub(crate) fn run_handler(&self) {
@@ -180,6 +201,83 @@ impl CqOps for SoftCq {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .overflow
+    }
+    /// Receives for the device on this thread while it waits, so a
+    /// completion costs one wake-up (ours) instead of two (the engine's,
+    /// then ours). The engine keeps the timers and stays off the socket
+    /// while we are here (see `DevShared::enter_driver`).
+    fn wait(&self, timeout: Option<Duration>) -> smc_verbs::Result<bool> {
+        let dev = match self.shared.dev.upgrade() {
+            // A handler that blocks (it must not) runs on the engine, which
+            // may hold the receive path: keep the plain wait there.
+            Some(d) if !crate::device::on_engine_thread() => d,
+            _ => return wait_on_event_fd(self, timeout),
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let _driver = dev.enter_driver();
+        loop {
+            if self.pending() > 0 {
+                return Ok(true);
+            }
+            // Armed while we sleep, so completions other threads add
+            // (engine timers, another receiver) make the event fd readable.
+            self.req_notify(false);
+            if self.pending() > 0 {
+                self.shared.disarm();
+                return Ok(true);
+            }
+            let ts = match deadline {
+                None => None,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        self.shared.disarm();
+                        return Ok(false);
+                    }
+                    let rest = d - now;
+                    Some(libc::timespec {
+                        tv_sec: rest.as_secs() as libc::time_t,
+                        tv_nsec: rest.subsec_nanos() as libc::c_long,
+                    })
+                }
+            };
+            let mut pfd = [
+                libc::pollfd {
+                    fd: dev.sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.shared.efd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let tsp = ts
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+            // SAFETY: two valid pollfds and an optional timespec, all live
+            // for the duration of the call.
+            let rc = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, tsp, std::ptr::null()) };
+            if rc < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e.into());
+                }
+            }
+            if pfd[1].revents != 0 {
+                self.ack_events();
+            }
+            // Completions we deliver ourselves need no event (that would
+            // cost an eventfd write now and a spurious wake-up next time).
+            self.shared.disarm();
+            if pfd[0].revents != 0 {
+                dev.drain_rx();
+            }
+        }
+    }
+    fn as_dyn(&self) -> &dyn CqOps {
+        self
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -30,6 +30,10 @@ pub(crate) const SLOT: usize = 4096 + 128;
 pub(crate) const BATCH: usize = 32;
 /// Longest the engine sleeps when nothing is scheduled.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// While a thread blocked in [`crate::cq`]'s wait receives for the device
+/// (and for this long after the last one left) the engine leaves the socket
+/// to it and sleeps at most this long between looks at the socket.
+const DRIVER_LINGER: Duration = Duration::from_millis(1);
 
 thread_local! {
     /// Per-thread transmit batch (allocated once per thread).
@@ -62,6 +66,9 @@ pub struct Stats {
     pub fault_dropped: AtomicU64,
     /// sendmmsg failures (packets lost locally).
     pub tx_errors: AtomicU64,
+    /// Packets received by application threads waiting in `Cq::wait`
+    /// (the rest the engine thread received).
+    pub rx_by_waiters: AtomicU64,
 }
 
 /// A batch of outgoing packets.
@@ -307,6 +314,13 @@ pub(crate) struct DevShared {
     shutdown: AtomicBool,
     running: AtomicBool,
     deferred: Mutex<Vec<Arc<CqShared>>>,
+    /// The receive path's buffers: whoever holds the lock (the engine or a
+    /// thread waiting for a completion) reads the socket.
+    rx: Mutex<RxState>,
+    /// Threads blocked in a CQ wait that receive for the device themselves.
+    drivers: AtomicU32,
+    /// When the last such thread left (ns since epoch).
+    driver_left_ns: AtomicU64,
     pub(crate) stats: Stats,
 }
 
@@ -348,6 +362,52 @@ impl DevShared {
         let slack = deadline_ns.saturating_sub(now);
         if planned > deadline_ns.saturating_add(slack) {
             self.wake();
+        }
+    }
+
+    /// Registers a thread that will wait for completions by reading the
+    /// socket itself: a message then costs one wake-up (that thread's)
+    /// instead of two (the engine's, then the waiter's). Dropping the guard
+    /// unregisters it.
+    pub(crate) fn enter_driver(self: &Arc<Self>) -> DriverGuard {
+        self.drivers.fetch_add(1, Ordering::SeqCst);
+        DriverGuard { dev: self.clone() }
+    }
+
+    /// Receives and processes everything queued on the socket (non-blocking).
+    pub(crate) fn drain_rx(&self) {
+        let mut g = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let RxState { batch: rx, touched } = &mut *g;
+        let waiter = !on_engine_thread();
+        loop {
+            let n = recv_batch(self, rx);
+            if waiter && n.len > 0 {
+                self.stats
+                    .rx_by_waiters
+                    .fetch_add(n.len as u64, Ordering::Relaxed);
+            }
+            for i in 0..n.len {
+                let Some((src, sport)) = sockaddr_ip(&rx.addrs[i]) else {
+                    continue;
+                };
+                let dgram = &rx.bufs[i * rx.slot..i * rx.slot + n.lens[i]];
+                // With UDP GRO a datagram holds several packets of `seg`
+                // bytes (the last may be shorter).
+                let seg = if n.segs[i] == 0 {
+                    dgram.len().max(1)
+                } else {
+                    n.segs[i]
+                };
+                for pkt in dgram.chunks(seg) {
+                    handle_packet(self, pkt, src, sport, touched);
+                }
+            }
+            for qp in touched.drain(..) {
+                qp.after_batch();
+            }
+            if n.len < BATCH {
+                break;
+            }
         }
     }
 
@@ -610,6 +670,7 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         max_inline_data: crate::qp::MAX_INLINE as u32,
         max_qp_rd_atom: 16,
     };
+    let rx_slot = if gso { 65_536 } else { SLOT };
     let shared = Arc::new(DevShared {
         attr,
         config: config.clone(),
@@ -619,7 +680,11 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         mrs: MrTable::default(),
         gso,
         qps: RwLock::new(HashMap::new()),
-        next_qpn: AtomicU32::new(17),
+        // A random first QPN per device instance: a peer that still holds a link to a
+        // previous process on the same address (killed without tearing its QPs down) then
+        // sends to a QPN nobody owns — dropped as unknown — instead of into the new
+        // process's QP with a plausible PSN. rxe starts at 17; any value ≥ 17 is legal.
+        next_qpn: AtomicU32::new(17 + crate::mr::random_u32() % 0x00f0_0000),
         next_pd: AtomicU32::new(1),
         epoch: Instant::now(),
         engine_wake_ns: AtomicU64::new(0),
@@ -628,6 +693,18 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         shutdown: AtomicBool::new(false),
         running: AtomicBool::new(true),
         deferred: Mutex::new(Vec::new()),
+        rx: Mutex::new(RxState {
+            batch: RxBatch {
+                bufs: vec![0u8; rx_slot * BATCH],
+                slot: rx_slot,
+                // SAFETY: sockaddr_storage is plain old data.
+                addrs: Box::new(unsafe { std::mem::zeroed() }),
+                ctrl: Box::new([[0u64; 4]; BATCH]),
+            },
+            touched: Vec::with_capacity(BATCH),
+        }),
+        drivers: AtomicU32::new(0),
+        driver_left_ns: AtomicU64::new(0),
         stats: Stats::default(),
     });
     let eng = shared.clone();
@@ -646,6 +723,33 @@ pub fn stats(dev: &smc_verbs::Device) -> Option<&Stats> {
         .as_any()
         .downcast_ref::<SoftDevice>()
         .map(|d| &d.handle.shared.stats)
+}
+
+/// Receive buffers plus the QPs touched by the current batch.
+struct RxState {
+    batch: RxBatch,
+    touched: Vec<Arc<QpShared>>,
+}
+
+/// A registered driver (see [`DevShared::enter_driver`]).
+pub(crate) struct DriverGuard {
+    dev: Arc<DevShared>,
+}
+
+impl Drop for DriverGuard {
+    fn drop(&mut self) {
+        let dev = &self.dev;
+        let now = dev.ns_since_epoch(Instant::now()).max(1);
+        dev.driver_left_ns.store(now, Ordering::Release);
+        if dev.drivers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            // The engine may be asleep off the socket for longer than the
+            // linger time (it slept while we drove): wake it to take over.
+            let planned = dev.engine_wake_ns.load(Ordering::SeqCst);
+            if planned != 0 && planned > now + DRIVER_LINGER.as_nanos() as u64 {
+                dev.wake();
+            }
+        }
+    }
 }
 
 struct RxBatch {
@@ -680,15 +784,6 @@ fn sockaddr_ip(sa: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
 
 fn engine(dev: Arc<DevShared>) {
     IS_ENGINE.with(|c| c.set(true));
-    let slot = if dev.gso { 65_536 } else { SLOT };
-    let mut rx = RxBatch {
-        bufs: vec![0u8; slot * BATCH],
-        slot,
-        // SAFETY: sockaddr_storage is plain old data.
-        addrs: Box::new(unsafe { std::mem::zeroed() }),
-        ctrl: Box::new([[0u64; 4]; BATCH]),
-    };
-    let mut touched: Vec<Arc<QpShared>> = Vec::with_capacity(BATCH);
     let mut service: Vec<Arc<QpShared>> = Vec::new();
     let mut fire: Vec<Arc<CqShared>> = Vec::new();
     while !dev.shutdown.load(Ordering::Acquire) {
@@ -732,12 +827,28 @@ fn engine(dev: Arc<DevShared>) {
             next_ns.saturating_sub(now_ns)
         };
         // Microsecond-precision sleep (delayed ACKs, short RNR timers).
+        // Publish the planned wake-up before looking at the drivers (a
+        // leaving driver reads it after unregistering: SeqCst on both sides
+        // means one of us sees the other).
+        dev.engine_wake_ns
+            .store(if busy { 0 } else { next_ns }, Ordering::SeqCst);
+        let now_ns = dev.ns_since_epoch(Instant::now());
+        let linger = DRIVER_LINGER.as_nanos() as u64;
+        let drivers = dev.drivers.load(Ordering::SeqCst);
+        let left = dev.driver_left_ns.load(Ordering::Acquire);
+        let recent = left != 0 && now_ns.saturating_sub(left) < linger;
+        let delegated = drivers > 0 || recent;
+        let mut timeout_ns = timeout_ns;
+        if recent && !busy {
+            // A driver may leave at any moment; look at the socket soon.
+            timeout_ns = timeout_ns.min(linger);
+            dev.engine_wake_ns
+                .store(now_ns + timeout_ns, Ordering::SeqCst);
+        }
         let ts = libc::timespec {
             tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
             tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
         };
-        dev.engine_wake_ns
-            .store(if busy { 0 } else { next_ns }, Ordering::Release);
         let mut pfd = [
             libc::pollfd {
                 fd: dev.sock.as_raw_fd(),
@@ -750,8 +861,15 @@ fn engine(dev: Arc<DevShared>) {
                 revents: 0,
             },
         ];
-        // SAFETY: two valid pollfds and a timespec for the duration of the call.
-        let r = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+        // While drivers receive, the engine must not sleep on the socket
+        // too (every packet would wake both): it watches only its eventfd.
+        let (pfds, nfds) = if delegated {
+            (pfd[1..].as_mut_ptr(), 1)
+        } else {
+            (pfd.as_mut_ptr(), 2)
+        };
+        // SAFETY: `nfds` valid pollfds and a timespec for the duration of the call.
+        let r = unsafe { libc::ppoll(pfds, nfds, &ts, std::ptr::null()) };
         dev.engine_wake_ns.store(0, Ordering::Release);
         if r < 0 {
             continue;
@@ -767,35 +885,11 @@ fn engine(dev: Arc<DevShared>) {
                 )
             };
         }
-        if pfd[0].revents == 0 {
+        if pfd[0].revents == 0 && !delegated {
             continue;
         }
-        // Drain the socket in batches.
-        loop {
-            let n = recv_batch(&dev, &mut rx);
-            for i in 0..n.len {
-                let Some((src, sport)) = sockaddr_ip(&rx.addrs[i]) else {
-                    continue;
-                };
-                let dgram = &rx.bufs[i * rx.slot..i * rx.slot + n.lens[i]];
-                // With UDP GRO a datagram holds several packets of `seg`
-                // bytes (the last may be shorter).
-                let seg = if n.segs[i] == 0 {
-                    dgram.len().max(1)
-                } else {
-                    n.segs[i]
-                };
-                for pkt in dgram.chunks(seg) {
-                    handle_packet(&dev, pkt, src, sport, &mut touched);
-                }
-            }
-            for qp in touched.drain(..) {
-                qp.after_batch();
-            }
-            if n.len < BATCH {
-                break;
-            }
-        }
+        // Delegated: packets may have arrived while no driver was waiting.
+        dev.drain_rx();
     }
     dev.running.store(false, Ordering::Release);
     tracing::debug!(name = %dev.attr.name, "engine stopped");

@@ -24,6 +24,7 @@ pub mod wr;
 
 pub use error::{Result, VerbsError};
 pub use mem::RdmaBuffer;
+pub use provider::wait_on_event_fd;
 pub use provider::{
     CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,
     Qp, QpOps,

@@ -286,6 +286,16 @@ pub trait CqOps: Send + Sync {
     /// True if the CQ overflowed (a completion was lost); the QPs using it
     /// are then moved to the error state, as IBA requires.
     fn overflowed(&self) -> bool;
+    /// Blocks until at least one completion is waiting or `timeout` passes;
+    /// true if completions are waiting. The default arms the CQ and sleeps
+    /// on [`CqOps::event_fd`]; a provider may instead make progress on the
+    /// calling thread (e.g. receive packets itself) as long as the
+    /// observable semantics stay the same.
+    fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
+        wait_on_event_fd(self.as_dyn(), timeout)
+    }
+    /// `self` as a trait object (for the default [`CqOps::wait`]).
+    fn as_dyn(&self) -> &dyn CqOps;
     /// For downcasting in providers.
     fn as_any(&self) -> &dyn Any;
 }
@@ -324,41 +334,46 @@ impl Cq {
     /// Returns true if completions are waiting. Uses the event fd, so it
     /// must not be mixed with another consumer of the same CQ's events.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            if self.pending() > 0 {
-                return Ok(true);
-            }
-            self.req_notify(false);
-            if self.pending() > 0 {
-                return Ok(true);
-            }
-            let wait_ms = match deadline {
-                None => -1,
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(false);
-                    }
-                    // Round up so a sub-millisecond rest does not spin.
-                    (d - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
-                }
-            };
-            let mut pfd = libc::pollfd {
-                fd: self.event_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: `pfd` is a valid pollfd for the duration of the call.
-            let rc = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
-            if rc < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e.into());
-                }
-            }
-            self.ack_events();
+        self.0.wait(timeout)
+    }
+}
+
+/// [`CqOps::wait`]'s default: arm, re-check, sleep on the event fd.
+pub fn wait_on_event_fd(cq: &dyn CqOps, timeout: Option<Duration>) -> Result<bool> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        if cq.pending() > 0 {
+            return Ok(true);
         }
+        cq.req_notify(false);
+        if cq.pending() > 0 {
+            return Ok(true);
+        }
+        let wait_ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Ok(false);
+                }
+                // Round up so a sub-millisecond rest does not spin.
+                (d - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+            }
+        };
+        let mut pfd = libc::pollfd {
+            fd: cq.event_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is a valid pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e.into());
+            }
+        }
+        cq.ack_events();
     }
 }
 
