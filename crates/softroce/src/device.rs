@@ -723,7 +723,11 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         mrs: MrTable::default(),
         gso,
         qps: RwLock::new(HashMap::new()),
-        next_qpn: AtomicU32::new(17),
+        // A random first QPN per device instance: a peer that still holds a link to a
+        // previous process on the same address (killed without tearing its QPs down) then
+        // sends to a QPN nobody owns — dropped as unknown — instead of into the new
+        // process's QP with a plausible PSN. rxe starts at 17; any value ≥ 17 is legal.
+        next_qpn: AtomicU32::new(17 + crate::mr::random_u32() % 0x00f0_0000),
         next_pd: AtomicU32::new(1),
         epoch: Instant::now(),
         engine_wake_ns: AtomicU64::new(0),

@@ -32,6 +32,9 @@ LUA = os.path.join(HERE, "smc_v2_llc.lua")
 TSHARK_OPTS = [
     "-X", "lua_script:" + LUA,
     "--disable-heuristic", "rpcrdma_infiniband",
+    # GSM over IP (ip.access) owns TCP port 5000 by default and calls the TCP payload of
+    # a connection that fell back to TCP malformed.
+    "--disable-protocol", "gsm_ipa",
     "-o", "tcp.try_heuristic_first:TRUE",
 ]
 
@@ -55,7 +58,7 @@ FIELDS = [
     "tcp.options.experimental.data", "smc.clc_msg", "smc.proposal.first.contact",
     "smc.confirm.first.contact", "smc.peer.diag.info", "smc.llc_msg", "smc.rmbe.ctrl.seqno",
     "smcv2llc.type", "smcv2llc.flags", "smcv2llc.length_big_endian", "infiniband.bth.opcode",
-    "_ws.malformed",
+    "_ws.malformed", "infiniband.bth.destqp", "infiniband.bth.psn",
 ]
 
 
@@ -89,15 +92,16 @@ def census(capture):
         "smc_option": collections.Counter(), "clc": collections.Counter(),
         "first_contact": collections.Counter(), "decline_diag": collections.Counter(),
         "llc": collections.Counter(), "llc_length_big_endian": 0,
-        "ib_opcodes": collections.Counter(),
+        "ib_opcodes": collections.Counter(), "retransmitted": 0,
     }
     testlink = []  # (src, dst, is_response)
+    seen_psn = set()
     for line in text.splitlines():
         f = line.split("\t")
         if len(f) < len(FIELDS):
             f += [""] * (len(FIELDS) - len(f))
         (num, src, dst, tflags, exid, exdata, clc, pfc, cfc, diag, llc1, cdcseq,
-         llc2, llc2flags, llc2be, opcode, malformed) = f[:len(FIELDS)]
+         llc2, llc2flags, llc2be, opcode, malformed, destqp, psn) = f[:len(FIELDS)]
         c["frames"] += 1
         d = "%s>%s" % (src, dst)
         if malformed:
@@ -119,6 +123,14 @@ def census(capture):
             c["roce_frames"] += 1
             op = as_int(opcode)
             c["ib_opcodes"][IB_OPCODES.get(op, "opcode_%s" % opcode)] += 1
+        # An RC retransmission (same destination QP and PSN again, e.g. when the peer's
+        # ACK came late under TCG) is one message on the wire, not a second one.
+        if opcode and psn and (cdcseq or llc2 or llc1):
+            key = (src, dst, destqp, psn)
+            if key in seen_psn:
+                c["retransmitted"] += 1
+                continue
+            seen_psn.add(key)
         if cdcseq:
             c["cdc"] += 1
         lt2 = as_int(llc2)
@@ -160,6 +172,8 @@ def render(c, icrc):
                 out.append("  %6d  %s" % (v, k))
     for d, v in sorted(c["testlink"].items()):
         out.append("TEST LINK %s: %d requests, %d answered" % (d, v["requests"], v["answered"]))
+    if c["retransmitted"]:
+        out.append("RC retransmissions of SMC messages (counted once above): %d" % c["retransmitted"])
     if c["llc_length_big_endian"]:
         out.append("WARNING: %d LLC messages with a big-endian length_v2" % c["llc_length_big_endian"])
     out.append("RoCEv2 ICRC: %d ok, %d bad, %d truncated" % (icrc["ok"], icrc["bad"], icrc["truncated"]))

@@ -173,9 +173,17 @@ local function delete_rkey(tvb, t, ft)
   end
 end
 
+-- LLC messages travel only in SENDs (Linux posts them as IB SEND; a v2 message longer
+-- than the path MTU starts in a SEND First). RDMA WRITE payload is application data and
+-- may begin with any bytes: 100 MiB of random data holds thousands of 0x2N bytes.
+local f_bth_opcode = Field.new("infiniband.bth.opcode")
+local SEND_STARTS = { [0x00] = true, [0x04] = true, [0x05] = true }
+
 local function heuristic(tvb, pinfo, tree)
   local avail = tvb:len()
   if avail < 44 then return false end
+  local op = f_bth_opcode()
+  if op and not SEND_STARTS[op.value] then return false end
   local ty = tvb(0, 1):uint()
   local name = TYPE_NAMES[ty]
   if not name then return false end

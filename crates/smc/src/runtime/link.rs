@@ -35,6 +35,12 @@ pub(crate) const RECV_SLOT: usize = 8192;
 pub(crate) const MAX_INLINE: u32 = 64;
 /// Staging slot for an inline message, and how many (far more than can be in the
 /// act of being posted at once: inline data is copied when the WR is posted).
+/// Local ACK timeout of link QPs, IBA encoding (4.096 µs × 2^15 ≈ 134 ms): Linux
+/// `SMC_QP_TIMEOUT`, so that we retransmit at the kernel's pace. The IBA default of the
+/// verbs layer (14, 67 ms) gave up (RetryExcErr after 7 retries, ~0.5 s) on a Linux peer
+/// in a busy VM that stalled its receive path for over a second; Linux rxe counts
+/// `retry_cnt` 7 as infinite and never gives up, the link being watched by TEST LINK.
+const SMC_QP_TIMEOUT: u8 = 15;
 const CTL_SLOT: usize = 64;
 const CTL_SLOTS: usize = 4096;
 /// Send slots a transmit needs at most: three RDMA WRITEs and the CDC.
@@ -198,6 +204,7 @@ impl LinkRes {
         })?;
         self.qp.modify_to_rts(&RtsAttr {
             sq_psn: self.psn,
+            timeout: SMC_QP_TIMEOUT,
             ..RtsAttr::default()
         })?;
         Ok(())
