@@ -1219,39 +1219,59 @@ impl QpInner {
         }
     }
 
-    fn send_ack(&mut self, ctx: &mut Ctx<'_>, psn: u32, syndrome: Syndrome) {
-        let repr = PacketRepr {
+    /// A responder packet (ACK, atomic ACK, READ response) to the peer QP:
+    /// everything but opcode, PSN and the AETH is fixed on this path.
+    fn response(
+        dest_qp: u32,
+        msn: u32,
+        opcode: Opcode,
+        psn: u32,
+        syndrome: Option<Syndrome>,
+    ) -> PacketRepr {
+        PacketRepr {
             bth: BthRepr {
-                opcode: Opcode::Acknowledge,
+                opcode,
                 se: false,
                 mig_req: false,
                 pad_count: 0,
                 pkey: 0xffff,
                 resv8a: 0,
-                dest_qp: self.dest_qpn,
+                dest_qp,
                 ack_req: false,
                 resv7: 0,
                 psn,
             },
             reth: None,
-            aeth: Some(AethRepr {
-                syndrome,
-                msn: self.msn,
-            }),
+            aeth: syndrome.map(|syndrome| AethRepr { syndrome, msn }),
             imm: None,
             atomic: None,
             atomic_ack: None,
-        };
+        }
+    }
+
+    /// Sends a payload-less responder packet.
+    fn send_response(&mut self, ctx: &mut Ctx<'_>, repr: &PacketRepr) {
         if let Some(path) = self.path.as_ref() {
             ctx.tx.packet(
                 &ctx.qp.dev,
                 path_parts(path),
                 &mut self.fault,
-                &repr,
+                repr,
                 0,
                 |_| {},
             );
         }
+    }
+
+    fn send_ack(&mut self, ctx: &mut Ctx<'_>, psn: u32, syndrome: Syndrome) {
+        let repr = Self::response(
+            self.dest_qpn,
+            self.msn,
+            Opcode::Acknowledge,
+            psn,
+            Some(syndrome),
+        );
+        self.send_response(ctx, &repr);
     }
 
     fn flush_ack(&mut self, ctx: &mut Ctx<'_>) {
@@ -1565,28 +1585,13 @@ impl QpInner {
             };
             let off = k as usize * self.mtu;
             let len = r.len.saturating_sub(off).min(self.mtu);
-            let repr = PacketRepr {
-                bth: BthRepr {
-                    opcode: op,
-                    se: false,
-                    mig_req: false,
-                    pad_count: 0,
-                    pkey: 0xffff,
-                    resv8a: 0,
-                    dest_qp: self.dest_qpn,
-                    ack_req: false,
-                    resv7: 0,
-                    psn: psn_add(r.first_psn, k),
-                },
-                reth: None,
-                aeth: op.has_aeth().then_some(AethRepr {
-                    syndrome: Syndrome::ACK,
-                    msn: self.msn,
-                }),
-                imm: None,
-                atomic: None,
-                atomic_ack: None,
-            };
+            let repr = Self::response(
+                self.dest_qpn,
+                self.msn,
+                op,
+                psn_add(r.first_psn, k),
+                op.has_aeth().then_some(Syndrome::ACK),
+            );
             let (mr, boff) = (r.mr.clone(), r.boff + off);
             r.next += 1;
             if r.next >= n {
@@ -1654,37 +1659,16 @@ impl QpInner {
 
     fn send_atomic_ack(&mut self, ctx: &mut Ctx<'_>, psn: u32, orig: u64) {
         let repr = PacketRepr {
-            bth: BthRepr {
-                opcode: Opcode::AtomicAcknowledge,
-                se: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey: 0xffff,
-                resv8a: 0,
-                dest_qp: self.dest_qpn,
-                ack_req: false,
-                resv7: 0,
-                psn,
-            },
-            reth: None,
-            aeth: Some(AethRepr {
-                syndrome: Syndrome::ACK,
-                msn: self.msn,
-            }),
-            imm: None,
-            atomic: None,
             atomic_ack: Some(orig),
+            ..Self::response(
+                self.dest_qpn,
+                self.msn,
+                Opcode::AtomicAcknowledge,
+                psn,
+                Some(Syndrome::ACK),
+            )
         };
-        if let Some(path) = self.path.as_ref() {
-            ctx.tx.packet(
-                &ctx.qp.dev,
-                path_parts(path),
-                &mut self.fault,
-                &repr,
-                0,
-                |_| {},
-            );
-        }
+        self.send_response(ctx, &repr);
     }
 
     /// PSN-3: duplicates are re-acknowledged, READs re-executed and atomics
