@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use clap::Args as ClapArgs;
 use smc_verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendOp, SendWr, WorkCompletion};
 
-use super::endpoint::{spin_one, wait_one, Endpoint, EndpointOpts, RemoteQp};
+use super::endpoint::{spin_one, wait_one, Endpoint, EndpointOpts};
 use super::{mtu_from_bytes, RdmaError};
 
 /// `smc rdma bench` options.
@@ -74,24 +74,7 @@ fn pair(args: &Args, len: usize) -> Result<(Endpoint, Endpoint), RdmaError> {
     })?;
     let mtu = mtu_from_bytes(args.mtu)?;
     let (pa, pb) = (0x10_0000, 0x20_0000);
-    a.connect(
-        &RemoteQp {
-            qpn: b.qp.qpn(),
-            psn: pb,
-            gid: b.gid(),
-        },
-        pa,
-        mtu,
-    )?;
-    b.connect(
-        &RemoteQp {
-            qpn: a.qp.qpn(),
-            psn: pa,
-            gid: a.gid(),
-        },
-        pb,
-        mtu,
-    )?;
+    Endpoint::connect_pair(&a, &b, pa, pb, mtu)?;
     Ok((a, b))
 }
 

@@ -92,6 +92,28 @@ impl Endpoint {
         self.device.gid()
     }
 
+    /// This endpoint's side as the peer sees it, sending from `psn`.
+    pub fn remote(&self, psn: u32) -> RemoteQp {
+        RemoteQp {
+            qpn: self.qp.qpn(),
+            psn,
+            gid: self.gid(),
+        }
+    }
+
+    /// Connects two local endpoints to each other ([`Endpoint::connect`] both ways), `a`
+    /// sending from `psn_a` and `b` from `psn_b`.
+    pub fn connect_pair(
+        a: &Endpoint,
+        b: &Endpoint,
+        psn_a: u32,
+        psn_b: u32,
+        mtu: Mtu,
+    ) -> Result<(), RdmaError> {
+        a.connect(&b.remote(psn_b), psn_a, mtu)?;
+        b.connect(&a.remote(psn_a), psn_b, mtu)
+    }
+
     /// INIT → RTR → RTS towards `remote`, with rc_pingpong's attributes: MTU as given, one
     /// outstanding RDMA READ/atomic each way, RNR timer 12 (0.64 ms), ACK timeout 14
     /// (67 ms), 7 retries, infinite RNR retries.

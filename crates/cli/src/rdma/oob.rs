@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use smc_verbs::Gid;
 
+use super::endpoint::RemoteQp;
 use super::RdmaError;
 
 /// Length of an `ibv_rc_pingpong` address message, NUL included.
@@ -52,6 +53,15 @@ fn parse_hex_gid(s: &str) -> Option<Gid> {
 }
 
 impl PpDest {
+    /// The QP this message describes, to connect to.
+    pub fn remote(&self) -> RemoteQp {
+        RemoteQp {
+            qpn: self.qpn,
+            psn: self.psn,
+            gid: self.gid,
+        }
+    }
+
     /// The 52-byte message.
     pub fn encode(&self) -> [u8; PP_MSG_LEN] {
         let s = format!(
@@ -119,6 +129,15 @@ pub struct PerftestKey {
 pub const PERFTEST_KEY_LEN: usize = 108;
 
 impl PerftestKey {
+    /// The QP this key block describes, to connect to.
+    pub fn remote(&self) -> RemoteQp {
+        RemoteQp {
+            qpn: self.qpn,
+            psn: self.psn,
+            gid: self.gid,
+        }
+    }
+
     /// The 108-byte block.
     pub fn encode(&self) -> [u8; PERFTEST_KEY_LEN] {
         let mut s = format!(

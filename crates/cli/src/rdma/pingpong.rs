@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use clap::{Args as ClapArgs, ValueEnum};
 use smc_verbs::{AccessFlags, Mtu, QpCap, RecvWr, SendFlags, SendOp, SendWr, WcOpcode};
 
-use super::endpoint::{random_psn, wait_one, Endpoint, EndpointOpts, RemoteQp};
+use super::endpoint::{random_psn, wait_one, Endpoint, EndpointOpts};
 use super::oob::{self, PpDest, PP_DONE, PP_MSG_LEN};
 use super::{mtu_from_bytes, pattern, RdmaError};
 
@@ -259,15 +259,7 @@ fn client(
     let peer = PpDest::parse(&oob::read_exact(&mut s, PP_MSG_LEN, "remote address")?)?;
     oob::write_all(&mut s, PP_DONE, "done")?;
     print_dest("remote", &peer);
-    ep.connect(
-        &RemoteQp {
-            qpn: peer.qpn,
-            psn: peer.psn,
-            gid: peer.gid,
-        },
-        me.psn,
-        mtu,
-    )?;
+    ep.connect(&peer.remote(), me.psn, mtu)?;
     let mut sent = vec![0u8; size];
     let mut got = vec![0u8; size];
     let start = Instant::now();
@@ -314,15 +306,7 @@ fn server(
     print_dest("local ", &me);
     print_dest("remote", &peer);
     // As rc_pingpong: the QP is ready before the client learns our address.
-    ep.connect(
-        &RemoteQp {
-            qpn: peer.qpn,
-            psn: peer.psn,
-            gid: peer.gid,
-        },
-        me.psn,
-        mtu,
-    )?;
+    ep.connect(&peer.remote(), me.psn, mtu)?;
     oob::write_all(&mut s, &me.encode(), "local address")?;
     // The client's "done"; a client that closes without it is tolerated, as rc_pingpong does.
     let mut done = [0u8; 5];

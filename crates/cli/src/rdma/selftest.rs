@@ -17,7 +17,7 @@ use smc_verbs::{
     AccessFlags, QpCap, QpState, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus,
 };
 
-use super::endpoint::{wait_any, wait_one, Endpoint, EndpointOpts, RemoteQp};
+use super::endpoint::{wait_any, wait_one, Endpoint, EndpointOpts};
 use super::{mtu_from_bytes, pattern, RdmaError};
 
 /// `smc rdma selftest` options.
@@ -157,24 +157,7 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         cap,
     })?;
     let (pa, pb) = (0xff_fff0, 0x00_0100); // a's PSNs wrap past 2^24 during the run
-    a.connect(
-        &RemoteQp {
-            qpn: b.qp.qpn(),
-            psn: pb,
-            gid: b.gid(),
-        },
-        pa,
-        mtu,
-    )?;
-    b.connect(
-        &RemoteQp {
-            qpn: a.qp.qpn(),
-            psn: pa,
-            gid: a.gid(),
-        },
-        pb,
-        mtu,
-    )?;
+    Endpoint::connect_pair(&a, &b, pa, pb, mtu)?;
     println!(
         "selftest: {} {} QP {:#x} -> {} {} QP {:#x}, path MTU {}",
         a.device.name(),

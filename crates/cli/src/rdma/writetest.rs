@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use clap::{Args as ClapArgs, ValueEnum};
 use smc_verbs::{AccessFlags, QpCap, RecvWr, SendFlags, SendOp, SendWr, WcOpcode};
 
-use super::endpoint::{random_psn, wait_one, Endpoint, EndpointOpts, RemoteQp};
+use super::endpoint::{random_psn, wait_one, Endpoint, EndpointOpts};
 use super::oob::{self, PerftestKey};
 use super::pingpong::accept;
 use super::{mtu_from_bytes, pattern, RdmaError};
@@ -199,11 +199,7 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         peer.qpn, peer.psn, peer.rkey, peer.vaddr, peer.gid
     );
     ep.connect_with(
-        &RemoteQp {
-            qpn: peer.qpn,
-            psn: peer.psn,
-            gid: peer.gid,
-        },
+        &peer.remote(),
         me.psn,
         mtu,
         peer.out_reads.clamp(1, 16) as u8,
