@@ -466,13 +466,11 @@ impl ClientMachine {
         // Classify (B.6.3).
         let lookup = env.client_lookup(&AcceptQuery { version, server });
         let (contact, lgr, link) = if first {
-            if let Some((lgr, _)) = lookup.link {
-                // F = 1 naming one of our active links: out of sync (AMB-14).
-                self.core.referenced_lgr = Some(lgr);
-                self.core.push(Output::OutOfSync {
-                    lgr: Some(lgr),
-                    peer_id: a.peer_id,
-                });
+            if lookup.link.is_some() {
+                // F = 1 naming one of our active links: out of sync (AMB-14). The
+                // server is told (S = 1); our link group stays: this Accept's claim to be
+                // its peer is not proof (Peer ID, GID and MAC are not secrets), and a
+                // link that really lost its peer fails its TEST LINK on its own.
                 return self.decline(DeclineCode::SYNCERR, true, env);
             }
             let contact = if lookup.lgr.is_some() {

@@ -236,14 +236,16 @@ impl Core {
         if self.is_done() {
             return;
         }
-        let (diag, sync, peer_id) = match d.repr {
-            Some(r) => (r.diagnosis, r.out_of_sync, r.peer_id),
-            None => (DeclineCode(0), false, PeerId::default()),
+        let (diag, sync) = match d.repr {
+            Some(r) => (r.diagnosis, r.out_of_sync),
+            None => (DeclineCode(0), false),
         };
         info!(role = ?self.role, diagnosis = %diag, out_of_sync = sync, "peer declined SMC-R: TCP fallback");
         if sync {
-            let lgr = self.referenced_lgr.filter(|l| Some(*l) != self.created_lgr);
-            self.push(Output::OutOfSync { lgr, peer_id });
+            // A link group this rendezvous created is abandoned by `release` anyway.
+            if let Some(lgr) = self.referenced_lgr.filter(|l| Some(*l) != self.created_lgr) {
+                self.push(Output::OutOfSync { lgr });
+            }
         }
         self.release(env);
         self.finish(Outcome::Fallback(FallbackReason {

@@ -92,7 +92,7 @@ mod tests;
 use std::fmt;
 
 use smc_wire::clc::ClcMessage;
-use smc_wire::common::{Eid, Gid, HostName, PeerId};
+use smc_wire::common::{Eid, Gid, HostName};
 use smc_wire::decline::DeclineCode;
 
 pub use client::ClientMachine;
@@ -385,14 +385,16 @@ pub enum Output {
         /// The RMB.
         rmb: RmbId,
     },
-    /// A Decline with the S flag was received, or we declined one as out of sync:
-    /// terminate the link group (`lgr`, or when `None` those with this peer in our role)
-    /// and its connections (RFC 7609 A.2.5; CHECKLIST AMB-15).
+    /// A Decline with the S flag was received: terminate the link group this
+    /// negotiation referenced and its connections (RFC 7609 A.2.5; CHECKLIST AMB-15).
+    /// Only that one: the Decline's Peer ID is whatever the sender wrote (Linux's
+    /// v2-only Proposals carry zero), so it must never select link groups — a stranger
+    /// could otherwise end every link group of another peer (Linux, too, touches only
+    /// `smc->conn.lgr`). A Decline with S = 1 when nothing was referenced changes
+    /// nothing but this connection's outcome.
     OutOfSync {
-        /// The link group this negotiation referenced, if any.
-        lgr: Option<LgrId>,
-        /// The peer.
-        peer_id: PeerId,
+        /// The link group this negotiation referenced.
+        lgr: LgrId,
     },
     /// This existing connection uses the <RToken, index> the peer just assigned to the
     /// new one: abort it — reset its TCP connection, stop writing to its peer RMBE,

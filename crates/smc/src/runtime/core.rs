@@ -2181,21 +2181,12 @@ fn drain_outputs(hs: &mut Handshake, env: &mut Env<'_>) {
                     }
                 }
             }
-            Output::OutOfSync { lgr, peer_id } => {
-                let now = env.now;
-                let ids: Vec<LgrId> = env
-                    .core
-                    .lgrs
-                    .values()
-                    .filter(|g| Some(g.id) == lgr || (lgr.is_none() && g.peer_id == peer_id))
-                    .map(|g| g.id)
-                    .collect();
-                for id in ids {
-                    warn!(lgr = id.0, "link group out of sync: terminating");
-                    if let Some(l) = env.core.lgrs.get_mut(&id).and_then(|g| g.llc.as_mut()) {
-                        l.terminate(now);
-                        env.core.dirty.insert(id);
-                    }
+            Output::OutOfSync { lgr } => {
+                // Only the link group this rendezvous referenced (RFC 7609 A.2.5, AMB-15).
+                warn!(lgr = lgr.0, "link group out of sync: terminating");
+                if let Some(l) = env.core.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {
+                    l.terminate(env.now);
+                    env.core.dirty.insert(lgr);
                 }
             }
             Output::AbortConn { conn } => {
