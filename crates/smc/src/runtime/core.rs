@@ -808,7 +808,7 @@ impl ClcEnv for Env<'_> {
             .tokens
             .write()
             .map_err(|_| DeclineCode::INTERR)?
-            .alloc()
+            .alloc(lgr)
             .ok_or(DeclineCode::MEM)?;
         let g = self.core.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
         let link = llc_link(link);
