@@ -13,7 +13,8 @@
 //!    ([`Eligibility`]) and the route facts ([`ClientRoute`] / [`ServerRoute`]);
 //! 2. reads exactly [`ClientMachine::bytes_wanted`] bytes (never more: what follows a
 //!    Decline is application data) and passes them to `handle_tcp_bytes`; reports EOF
-//!    or a socket error with `handle_tcp_closed`;
+//!    with `handle_tcp_fin` (no error during a first contact's link wait) and a socket
+//!    error or RST with `handle_tcp_closed`;
 //! 3. forwards the llc machine's progress ([`LinkEvent`]) and CONFIRM RKEY results;
 //! 4. calls `on_timeout(now)` at [`ClientMachine::poll_timeout`];
 //! 5. after every call drains `poll_output()` in order: [`Output::Send`] goes on the TCP

@@ -61,21 +61,41 @@ impl LinkGroup {
                     // KA-3: no reply: the link has failed.
                     self.link_failed(now, id, LinkDownReason::TestLinkTimeout);
                 }
-                (None, Some(iv)) if l.last_rx + iv <= now => {
-                    let data = self.test_data();
-                    let m = TestLink {
-                        v2: self.v2(),
-                        response: false,
-                        user_data: data,
-                    };
-                    self.send(id, &LlcMessage::TestLink(m), Purpose::Plain);
-                    let deadline = now + self.cfg.timers.reply;
-                    if let Some(l) = self.find_mut(id) {
-                        l.test = Some(PendingTest { data, deadline });
-                    }
-                }
+                (None, Some(iv)) if l.last_rx + iv <= now => self.send_test(now, id),
                 _ => {}
             }
+        }
+    }
+
+    /// Checks at once that `link` still reaches the peer (a TEST LINK now, unless one is
+    /// outstanding; no reply within the reply timer → the link fails, KA-3). For signs
+    /// that the peer may be gone although the link looks idle-healthy, e.g. its TCP FIN
+    /// on a connection that carries no SMC-R close flags yet: a peer process that died
+    /// sends nothing more, while a live one may shut its TCP socket before its last CDC
+    /// arrives (Linux `smc_shutdown`), and that must not end the connection.
+    pub fn probe_link(&mut self, now: Instant, link: LinkId) {
+        if !matches!(self.term, super::Term::Running) {
+            return;
+        }
+        match self.find(link) {
+            Some(l) if l.is_active() && l.test.is_none() => {}
+            _ => return,
+        }
+        self.send_test(now, link);
+        self.pump(now);
+    }
+
+    fn send_test(&mut self, now: Instant, id: LinkId) {
+        let data = self.test_data();
+        let m = TestLink {
+            v2: self.v2(),
+            response: false,
+            user_data: data,
+        };
+        self.send(id, &LlcMessage::TestLink(m), Purpose::Plain);
+        let deadline = now + self.cfg.timers.reply;
+        if let Some(l) = self.find_mut(id) {
+            l.test = Some(PendingTest { data, deadline });
         }
     }
 

@@ -142,8 +142,8 @@ impl StackConfig {
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
-    /// `SMC_RS_CLC_TIMEOUT_MS` and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged
-    /// and ignored.
+    /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
+    /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
         match UeidTable::from_env_or_file() {
@@ -185,6 +185,9 @@ impl StackConfig {
         }
         if let Some(d) = millis("SMC_RS_CLC_TIMEOUT_MS") {
             c.clc_timeout = d;
+        }
+        if let Some(d) = millis("SMC_RS_CLOSE_TIMEOUT_MS") {
+            c.conn.close_timeout = d;
         }
         if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
             // 0 disables TEST LINK keepalive.

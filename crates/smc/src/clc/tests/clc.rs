@@ -752,3 +752,35 @@ fn absurd_timer_configuration_does_not_overflow() {
         ResetReason::Timeout(Waiting::Accept)
     );
 }
+
+/// Issue 10 item 2, the other side of `fin_during_the_link_wait_is_kept_for_the_connection`:
+/// a FIN where a CLC message is still due, or in the middle of one, and a TCP
+/// reset anywhere, end the rendezvous in a reset as before.
+#[test]
+fn fin_before_the_confirm_or_mid_message_and_rst_still_reset() {
+    // Server waiting for the Confirm.
+    let mut env = FakeEnv::new(SERVER_HOST);
+    let now = t0();
+    let mut s = server(now, &rfc_v1());
+    only_accept(&feed(&mut s, now, &rfc_proposal_bytes(), &mut env));
+    s.handle_tcp_fin(now, &mut env);
+    assert_eq!(assert_reset(&drain(&mut s)), ResetReason::TcpClosed);
+    assert_no_leak(&env, 0);
+
+    // In the link wait, a FIN after half a Decline.
+    let mut p = Pair::new(&rfc_v1(), &rfc_v1());
+    p.llc = LlcScript::Silent;
+    while p.pump() {}
+    let d = decline(0x0300_0000, false, 1);
+    assert!(p.s.bytes_wanted() > 0);
+    p.s.handle_tcp_bytes(p.now, &d[..10], &mut p.senv);
+    p.s.handle_tcp_fin(p.now, &mut p.senv);
+    assert!(matches!(p.s.outcome(), Some(Outcome::Reset(ResetReason::TcpClosed))));
+
+    // In the link wait, an RST.
+    let mut p = Pair::new(&rfc_v1(), &rfc_v1());
+    p.llc = LlcScript::Silent;
+    while p.pump() {}
+    p.c.handle_tcp_closed(p.now, &mut p.cenv);
+    assert!(matches!(p.c.outcome(), Some(Outcome::Reset(ResetReason::TcpClosed))));
+}
