@@ -5,8 +5,13 @@ use std::time::Instant;
 
 use smc_wire::llc::{LlcMessage, TestLink};
 
+use tracing::debug;
+
 use super::link::PendingTest;
 use super::{LinkDownReason, LinkGroup, LinkId, Purpose};
+
+/// TEST LINK responses in flight per link at most (see `rx_test_link`).
+const MAX_ECHOES_IN_FLIGHT: u8 = 4;
 
 impl LinkGroup {
     /// TEST LINK request: echo it at once on the same link, whatever else is going on
@@ -14,12 +19,24 @@ impl LinkGroup {
     /// Response: it must carry the user data we sent (C.7.1).
     pub(super) fn rx_test_link(&mut self, now: Instant, link: LinkId, m: &TestLink) {
         if !m.response {
+            // KA-4: a peer has one TEST LINK outstanding per link at a time; answers to a
+            // flood beyond a few in flight are dropped (its own keepalive would time out;
+            // nobody else's link is touched), so that it cannot fill our send queue.
+            match self.find_mut(link) {
+                Some(l) if l.echoes < MAX_ECHOES_IN_FLIGHT => l.echoes += 1,
+                Some(_) => {
+                    debug!(%link, "TEST LINK flood: request dropped");
+                    self.dropped_requests += 1;
+                    return;
+                }
+                None => return,
+            }
             let r = TestLink {
                 v2: self.v2(),
                 response: true,
                 user_data: m.user_data,
             };
-            self.send(link, &LlcMessage::TestLink(r), Purpose::Plain);
+            self.send(link, &LlcMessage::TestLink(r), Purpose::Echo);
             return;
         }
         let Some(l) = self.find_mut(link) else { return };

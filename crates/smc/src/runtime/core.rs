@@ -1144,11 +1144,22 @@ impl Core {
     fn on_inbox(&mut self, inner: &Arc<Inner>, m: Inbox, now: Instant) {
         match m {
             Inbox::LlcRecv { lgr, link, bytes } => {
-                if let Some(l) = self.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {
+                let Some(g) = self.lgrs.get_mut(&lgr) else {
+                    return;
+                };
+                if let Some(res) = g.links.get(&link) {
+                    res.llc_queued.fetch_sub(1, Ordering::AcqRel);
+                }
+                if let Some(l) = g.llc.as_mut() {
                     trace!(lgr = lgr.0, %link, len = bytes.len(), "LLC received");
                     inner.counters.llc_received.fetch_add(1, Ordering::Relaxed);
+                    let dropped = l.dropped_requests();
                     l.on_link_activity(now, link);
                     l.handle_llc_bytes(now, link, &bytes);
+                    inner
+                        .counters
+                        .llc_dropped
+                        .fetch_add(l.dropped_requests() - dropped, Ordering::Relaxed);
                     self.dirty.insert(lgr);
                 }
             }
@@ -1358,7 +1369,10 @@ impl Core {
                         // seconds), so the FIN alone ends nothing. A peer process that died
                         // sends nothing more either: ask its link at once (TEST LINK);
                         // if that fails, the link goes down with its connections.
-                        debug!(token, "peer's TCP FIN before its SMC-R close: probing the link");
+                        debug!(
+                            token,
+                            "peer's TCP FIN before its SMC-R close: probing the link"
+                        );
                         let (lgr, link) = (c.lgr, c.link.id);
                         drop(st);
                         if let Some(l) = self.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {

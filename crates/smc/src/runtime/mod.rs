@@ -339,6 +339,9 @@ pub struct Stats {
     pub llc_received: u64,
     /// LLC messages sent.
     pub llc_sent: u64,
+    /// LLC messages of peers dropped as floods (beyond the per-link inbox bound, or TEST
+    /// LINK requests beyond the answers in flight).
+    pub llc_dropped: u64,
 }
 
 #[derive(Default)]
@@ -352,6 +355,7 @@ pub(crate) struct Counters {
     pub links_failed: AtomicU64,
     pub llc_received: AtomicU64,
     pub llc_sent: AtomicU64,
+    pub llc_dropped: AtomicU64,
 }
 
 /// Messages to the event thread.
@@ -747,6 +751,7 @@ impl Stack {
         s.links_failed = c.links_failed.load(Ordering::Relaxed);
         s.llc_received = c.llc_received.load(Ordering::Relaxed);
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
+        s.llc_dropped = c.llc_dropped.load(Ordering::Relaxed);
         s
     }
 

@@ -775,12 +775,18 @@ fn fin_before_the_confirm_or_mid_message_and_rst_still_reset() {
     assert!(p.s.bytes_wanted() > 0);
     p.s.handle_tcp_bytes(p.now, &d[..10], &mut p.senv);
     p.s.handle_tcp_fin(p.now, &mut p.senv);
-    assert!(matches!(p.s.outcome(), Some(Outcome::Reset(ResetReason::TcpClosed))));
+    assert!(matches!(
+        p.s.outcome(),
+        Some(Outcome::Reset(ResetReason::TcpClosed))
+    ));
 
     // In the link wait, an RST.
     let mut p = Pair::new(&rfc_v1(), &rfc_v1());
     p.llc = LlcScript::Silent;
     while p.pump() {}
     p.c.handle_tcp_closed(p.now, &mut p.cenv);
-    assert!(matches!(p.c.outcome(), Some(Outcome::Reset(ResetReason::TcpClosed))));
+    assert!(matches!(
+        p.c.outcome(),
+        Some(Outcome::Reset(ResetReason::TcpClosed))
+    ));
 }

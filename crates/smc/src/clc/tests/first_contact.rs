@@ -493,11 +493,17 @@ fn fin_during_the_link_wait_is_kept_for_the_connection() {
         assert!(p.llc_ready(), "both sides wait for the llc");
         if server_sees_fin {
             p.s.handle_tcp_fin(p.now, &mut p.senv);
-            assert!(p.s.outcome().is_none(), "the server still waits for CONFIRM LINK");
+            assert!(
+                p.s.outcome().is_none(),
+                "the server still waits for CONFIRM LINK"
+            );
             assert_eq!(p.s.bytes_wanted(), 0, "nothing is read after the FIN");
         } else {
             p.c.handle_tcp_fin(p.now, &mut p.cenv);
-            assert!(p.c.outcome().is_none(), "the client still waits for the llc");
+            assert!(
+                p.c.outcome().is_none(),
+                "the client still waits for the llc"
+            );
             assert_eq!(p.c.bytes_wanted(), 0, "nothing is read after the FIN");
         }
         p.llc = LlcScript::Normal;

@@ -639,7 +639,11 @@ fn half_closed_connection_outlives_the_close_timer() {
     assert!(sim.a.conn.error().is_none());
     // The application closes: now the timer runs.
     close(&mut sim, a);
-    let t = sim.a.conn.poll_timeout().expect("close arms the termination timer");
+    let t = sim
+        .a
+        .conn
+        .poll_timeout()
+        .expect("close arms the termination timer");
     assert_eq!(t, sim.now + Duration::from_secs(60));
     // The peer closes too: both CLOSED, no reset.
     shutdown(&mut sim, b);
