@@ -28,7 +28,6 @@ DMESG_FAIL = [
     r"Kernel panic",
     r"blocked for more than \d+ seconds",
     r"soft lockup",
-    r"rcu: .*stall",
     r"UBSAN:",
     r"KASAN:",
 ]
@@ -36,6 +35,9 @@ DMESG_FAIL = [
 DMESG_INFO = [
     r"smc: SMC-R lg .*",
     r"rdma_rxe: .*",
+    # A TCG guest on a loaded host reports RCU stalls when the host starves its vCPU
+    # (seen at boot, before any SMC traffic, while the host compiled); not a failure.
+    r"rcu: .*stall",
 ]
 
 # the PEER_CMD exit status of a process killed by our SIGTERM (bash: 128+15)

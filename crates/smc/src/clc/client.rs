@@ -254,10 +254,20 @@ impl ClientMachine {
         used
     }
 
-    /// The TCP connection reached EOF or failed.
+    /// The TCP connection failed (an error or RST): the rendezvous ends in a reset.
     pub fn handle_tcp_closed<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
         if !self.core.is_done() {
             self.core.reset(ResetReason::TcpClosed, env);
+            self.state = State::Done;
+        }
+    }
+
+    /// The peer's TCP FIN (EOF): no error during the first contact's link wait (see
+    /// `Core::peer_fin`); a reset anywhere else. Reads nothing more afterwards.
+    pub fn handle_tcp_fin<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
+        let link_wait = matches!(self.state, State::Link(_));
+        self.core.peer_fin(link_wait, env);
+        if self.core.is_done() {
             self.state = State::Done;
         }
     }
@@ -466,13 +476,11 @@ impl ClientMachine {
         // Classify (B.6.3).
         let lookup = env.client_lookup(&AcceptQuery { version, server });
         let (contact, lgr, link) = if first {
-            if let Some((lgr, _)) = lookup.link {
-                // F = 1 naming one of our active links: out of sync (AMB-14).
-                self.core.referenced_lgr = Some(lgr);
-                self.core.push(Output::OutOfSync {
-                    lgr: Some(lgr),
-                    peer_id: a.peer_id,
-                });
+            if lookup.link.is_some() {
+                // F = 1 naming one of our active links: out of sync (AMB-14). The
+                // server is told (S = 1); our link group stays: this Accept's claim to be
+                // its peer is not proof (Peer ID, GID and MAC are not secrets), and a
+                // link that really lost its peer fails its TEST LINK on its own.
                 return self.decline(DeclineCode::SYNCERR, true, env);
             }
             let contact = if lookup.lgr.is_some() {

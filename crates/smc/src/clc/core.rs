@@ -57,6 +57,8 @@ pub(crate) struct Core {
     pub rmb: Option<(LgrId, RmbAlloc)>,
     /// A link group this negotiation referenced (target of an out-of-sync cleanup).
     pub referenced_lgr: Option<LgrId>,
+    /// The peer's TCP FIN arrived during the link wait (see [`Core::peer_fin`]).
+    pub fin: bool,
 }
 
 impl Core {
@@ -74,6 +76,7 @@ impl Core {
             created_lgr: None,
             rmb: None,
             referenced_lgr: None,
+            fin: false,
         }
     }
 
@@ -98,9 +101,32 @@ impl Core {
         self.done.is_some()
     }
 
-    /// Bytes the reader needs next (the machine decides whether it reads at all).
+    /// Bytes the reader needs next (the machine decides whether it reads at all);
+    /// nothing after the peer's FIN.
     pub fn reader_wanted(&self) -> usize {
-        self.reader.wanted()
+        if self.fin {
+            0
+        } else {
+            self.reader.wanted()
+        }
+    }
+
+    /// The peer's TCP FIN. During the link wait of a first contact it is no error: the
+    /// peer's CLC part is over (its Confirm, or our Confirm was read), and a peer
+    /// application that shuts down writing at once sends its FIN while CONFIRM LINK is
+    /// still in flight (Linux `smc_shutdown` shuts the TCP socket too). The FIN then
+    /// belongs to the connection and is handled there once it is established. Anywhere
+    /// else, or in the middle of a message, the rendezvous cannot complete: reset.
+    pub fn peer_fin<E: ClcEnv + ?Sized>(&mut self, in_link_wait: bool, env: &mut E) {
+        if self.is_done() {
+            return;
+        }
+        if in_link_wait && self.reader.is_idle() {
+            debug!(role = ?self.role, "peer's TCP FIN during the link wait: kept for the connection");
+            self.fin = true;
+            return;
+        }
+        self.reset(ResetReason::TcpClosed, env);
     }
 
     /// Feeds bytes while `expected` (or a Decline) is awaited; returns the bytes taken
@@ -236,14 +262,16 @@ impl Core {
         if self.is_done() {
             return;
         }
-        let (diag, sync, peer_id) = match d.repr {
-            Some(r) => (r.diagnosis, r.out_of_sync, r.peer_id),
-            None => (DeclineCode(0), false, PeerId::default()),
+        let (diag, sync) = match d.repr {
+            Some(r) => (r.diagnosis, r.out_of_sync),
+            None => (DeclineCode(0), false),
         };
         info!(role = ?self.role, diagnosis = %diag, out_of_sync = sync, "peer declined SMC-R: TCP fallback");
         if sync {
-            let lgr = self.referenced_lgr.filter(|l| Some(*l) != self.created_lgr);
-            self.push(Output::OutOfSync { lgr, peer_id });
+            // A link group this rendezvous created is abandoned by `release` anyway.
+            if let Some(lgr) = self.referenced_lgr.filter(|l| Some(*l) != self.created_lgr) {
+                self.push(Output::OutOfSync { lgr });
+            }
         }
         self.release(env);
         self.finish(Outcome::Fallback(FallbackReason {

@@ -13,7 +13,8 @@
 //!    ([`Eligibility`]) and the route facts ([`ClientRoute`] / [`ServerRoute`]);
 //! 2. reads exactly [`ClientMachine::bytes_wanted`] bytes (never more: what follows a
 //!    Decline is application data) and passes them to `handle_tcp_bytes`; reports EOF
-//!    or a socket error with `handle_tcp_closed`;
+//!    with `handle_tcp_fin` (no error during a first contact's link wait) and a socket
+//!    error or RST with `handle_tcp_closed`;
 //! 3. forwards the llc machine's progress ([`LinkEvent`]) and CONFIRM RKEY results;
 //! 4. calls `on_timeout(now)` at [`ClientMachine::poll_timeout`];
 //! 5. after every call drains `poll_output()` in order: [`Output::Send`] goes on the TCP
@@ -92,7 +93,7 @@ mod tests;
 use std::fmt;
 
 use smc_wire::clc::ClcMessage;
-use smc_wire::common::{Eid, Gid, HostName, PeerId};
+use smc_wire::common::{Eid, Gid, HostName};
 use smc_wire::decline::DeclineCode;
 
 pub use client::ClientMachine;
@@ -385,14 +386,16 @@ pub enum Output {
         /// The RMB.
         rmb: RmbId,
     },
-    /// A Decline with the S flag was received, or we declined one as out of sync:
-    /// terminate the link group (`lgr`, or when `None` those with this peer in our role)
-    /// and its connections (RFC 7609 A.2.5; CHECKLIST AMB-15).
+    /// A Decline with the S flag was received: terminate the link group this
+    /// negotiation referenced and its connections (RFC 7609 A.2.5; CHECKLIST AMB-15).
+    /// Only that one: the Decline's Peer ID is whatever the sender wrote (Linux's
+    /// v2-only Proposals carry zero), so it must never select link groups — a stranger
+    /// could otherwise end every link group of another peer (Linux, too, touches only
+    /// `smc->conn.lgr`). A Decline with S = 1 when nothing was referenced changes
+    /// nothing but this connection's outcome.
     OutOfSync {
-        /// The link group this negotiation referenced, if any.
-        lgr: Option<LgrId>,
-        /// The peer.
-        peer_id: PeerId,
+        /// The link group this negotiation referenced.
+        lgr: LgrId,
     },
     /// This existing connection uses the <RToken, index> the peer just assigned to the
     /// new one: abort it — reset its TCP connection, stop writing to its peer RMBE,

@@ -43,6 +43,11 @@ impl ClcReader {
     }
 
     /// Takes up to [`Self::wanted`] bytes; returns how many were taken and the progress.
+    /// True between messages (no partial message buffered).
+    pub fn is_idle(&self) -> bool {
+        self.buf.is_empty()
+    }
+
     pub fn push(&mut self, bytes: &[u8]) -> (usize, Read) {
         let n = bytes.len().min(self.wanted());
         self.buf.extend_from_slice(&bytes[..n]);

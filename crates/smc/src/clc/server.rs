@@ -149,10 +149,20 @@ impl ServerMachine {
         used
     }
 
-    /// The TCP connection reached EOF or failed.
+    /// The TCP connection failed (an error or RST): the rendezvous ends in a reset.
     pub fn handle_tcp_closed<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
         if !self.core.is_done() {
             self.reset(ResetReason::TcpClosed, env);
+        }
+    }
+
+    /// The peer's TCP FIN (EOF): no error during the first contact's link wait (see
+    /// `Core::peer_fin`); a reset anywhere else. Reads nothing more afterwards.
+    pub fn handle_tcp_fin<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
+        let link_wait = matches!(self.state, State::Link(_));
+        self.core.peer_fin(link_wait, env);
+        if self.core.is_done() {
+            self.state = State::Done;
         }
     }
 

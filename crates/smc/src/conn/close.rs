@@ -145,6 +145,11 @@ impl Conn {
         }
         self.cl.want |= ConnStateFlags::CLOSED;
         self.events |= Events::TRANSMIT;
+        // After an earlier shutdown(SHUT_WR) we wait for the peer already; from now on
+        // with the termination timer (see `set_state`).
+        if self.cl.deadline.is_none() {
+            self.cl.deadline = self.close_deadline(self.state, now);
+        }
         debug!(token = self.local_token, state = %self.state, "close requested");
     }
 
@@ -326,13 +331,24 @@ impl Conn {
         }
         debug!(token = self.local_token, from = %self.state, to = %new, "conn state");
         self.state = new;
-        self.cl.deadline = match new {
+        self.cl.deadline = self.close_deadline(new, now);
+    }
+
+    /// The termination timer of a state (§4.8.1: "prevent being stranded in a termination
+    /// state indefinitely"). It belongs to `close()`, not to `shutdown(SHUT_WR)`: a
+    /// half-closed connection whose application still reads stays open as long as the
+    /// peer keeps sending, as a half-closed TCP connection does (Linux arms no timer on
+    /// `shutdown` either). So PeerCloseWait1/2 are timed only once the application closed;
+    /// PeerFinCloseWait is only reached by `close()`; the abort states always are.
+    fn close_deadline(&self, state: State, now: Instant) -> Option<Instant> {
+        match state {
+            State::PeerCloseWait1 | State::PeerCloseWait2 if !self.cl.app_closed => None,
             State::PeerCloseWait1 | State::PeerCloseWait2 | State::PeerFinCloseWait => {
                 Some(now + self.cfg.close_timeout)
             }
             State::PeerAbortWait | State::ProcessAbort => Some(now + self.cfg.abort_timeout),
             _ => None,
-        };
+        }
     }
 
     /// CLOSED: the RMBE may be reused (no more writes from either side).

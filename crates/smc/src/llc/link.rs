@@ -98,6 +98,9 @@ pub(super) struct Link {
     /// Client: we sent DELETE LINK for this link; server commands arriving on it are
     /// crossing messages and ignored (C.7.1, CHECKLIST B.16).
     pub client_deleting: bool,
+    /// Our TEST LINK responses posted and not yet completed (bounded: a peer's TEST LINK
+    /// flood must not fill the send queue, KA-4).
+    pub echoes: u8,
 }
 
 impl Link {
@@ -113,6 +116,7 @@ impl Link {
             peer_uid: 0,
             asym: false,
             last_rx: now,
+            echoes: 0,
             test: None,
             client_deleting: false,
         }

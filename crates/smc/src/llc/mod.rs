@@ -609,6 +609,8 @@ enum Purpose {
     DeleteAll,
     /// Client: response to the server's DELETE LINK; the link goes once it is out (SDL-5).
     DeleteResp(LinkId),
+    /// A TEST LINK response (counted per link while in flight).
+    Echo,
 }
 
 /// Progress of first contact.
@@ -706,6 +708,8 @@ pub struct LinkGroup {
     sends: HashMap<SendId, (LinkId, Purpose)>,
     next_send: u64,
     test_seq: u64,
+    /// Peer requests dropped as a flood (TEST LINK beyond the echoes in flight).
+    dropped_requests: u64,
 }
 
 /// What the link group is created with (first contact, after CLC Accept/Confirm).
@@ -772,6 +776,7 @@ impl LinkGroup {
             sends: HashMap::new(),
             next_send: 1,
             test_seq: 0,
+            dropped_requests: 0,
             cfg,
         };
         let mut l = Link::new(LinkId::FIRST, 0, first.device, now);
@@ -878,6 +883,12 @@ impl LinkGroup {
             .iter()
             .filter(|l| l.local.is_some())
             .map(|l| l.id)
+    }
+
+    /// Peer requests dropped as a flood so far (TEST LINK requests beyond a few answers
+    /// in flight per link).
+    pub fn dropped_requests(&self) -> u64 {
+        self.dropped_requests
     }
 
     /// The link group has ended (after [`Event::Terminated`]).
@@ -1056,6 +1067,11 @@ impl LinkGroup {
     /// message waited for (RFC 7609 C.7, LT-1): its link has failed.
     pub fn on_send_complete(&mut self, now: Instant, link: LinkId, id: SendId, ok: bool) {
         let purpose = self.sends.remove(&id).map(|(_, p)| p);
+        if purpose == Some(Purpose::Echo) {
+            if let Some(l) = self.find_mut(link) {
+                l.echoes = l.echoes.saturating_sub(1);
+            }
+        }
         if self.term == Term::Done {
             return;
         }
@@ -1082,7 +1098,7 @@ impl LinkGroup {
                     }
                 }
                 Some(Purpose::DeleteResp(gone)) => self.remove_link(gone),
-                Some(Purpose::Plain) | None => {}
+                Some(Purpose::Echo) | Some(Purpose::Plain) | None => {}
             }
         }
         self.pump(now);

@@ -43,9 +43,6 @@ use crate::llc::{self, LinkGroup, LlcConfig, RToken};
 
 /// Longest single `poll()` sleep (guards against a missed wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(500);
-/// After the peer's TCP FIN, how long its SMC-R close flags may still be in flight
-/// before the FIN counts as the end of the peer (RFC 7609 §4.8: the FIN follows C).
-const FIN_GRACE: Duration = Duration::from_secs(1);
 
 // ---------------------------------------------------------------------------------------
 // State
@@ -67,8 +64,6 @@ pub(crate) struct Core {
     server_first_pending: usize,
     dirty: BTreeSet<LgrId>,
     notes: VecDeque<(u64, Note)>,
-    /// Connections whose peer FIN needs a second look.
-    fin_checks: Vec<(u32, Instant)>,
     /// Addresses whose device could not be opened (warned once).
     device_errors: BTreeSet<IpAddr>,
 }
@@ -231,6 +226,12 @@ impl Machine {
         match self {
             Machine::Client(m) => m.handle_tcp_closed(now, env),
             Machine::Server(m) => m.handle_tcp_closed(now, env),
+        }
+    }
+    fn handle_tcp_fin(&mut self, now: Instant, env: &mut Env<'_>) {
+        match self {
+            Machine::Client(m) => m.handle_tcp_fin(now, env),
+            Machine::Server(m) => m.handle_tcp_fin(now, env),
         }
     }
     fn handle_rkey_confirmed(
@@ -808,7 +809,7 @@ impl ClcEnv for Env<'_> {
             .tokens
             .write()
             .map_err(|_| DeclineCode::INTERR)?
-            .alloc()
+            .alloc(lgr)
             .ok_or(DeclineCode::MEM)?;
         let g = self.core.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
         let link = llc_link(link);
@@ -1134,9 +1135,6 @@ impl Core {
         for c in self.conns.values() {
             upd(c.lock().armed);
         }
-        for (_, t) in &self.fin_checks {
-            upd(Some(*t));
-        }
         if !self.notes.is_empty() || !self.dirty.is_empty() {
             upd(Some(Instant::now()));
         }
@@ -1146,11 +1144,22 @@ impl Core {
     fn on_inbox(&mut self, inner: &Arc<Inner>, m: Inbox, now: Instant) {
         match m {
             Inbox::LlcRecv { lgr, link, bytes } => {
-                if let Some(l) = self.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {
+                let Some(g) = self.lgrs.get_mut(&lgr) else {
+                    return;
+                };
+                if let Some(res) = g.links.get(&link) {
+                    res.llc_queued.fetch_sub(1, Ordering::AcqRel);
+                }
+                if let Some(l) = g.llc.as_mut() {
                     trace!(lgr = lgr.0, %link, len = bytes.len(), "LLC received");
                     inner.counters.llc_received.fetch_add(1, Ordering::Relaxed);
+                    let dropped = l.dropped_requests();
                     l.on_link_activity(now, link);
                     l.handle_llc_bytes(now, link, &bytes);
+                    inner
+                        .counters
+                        .llc_dropped
+                        .fetch_add(l.dropped_requests() - dropped, Ordering::Relaxed);
                     self.dirty.insert(lgr);
                 }
             }
@@ -1299,7 +1308,7 @@ impl Core {
                 }
                 match hs.tcp.read(&mut buf[..want]) {
                     Ok(0) => {
-                        hs.machine.handle_tcp_closed(now, env);
+                        hs.machine.handle_tcp_fin(now, env);
                         return;
                     }
                     Ok(n) => {
@@ -1354,8 +1363,22 @@ impl Core {
                 Ok(0) => {
                     st.tcp_done = true;
                     if matches!(st.conn.state(), State::Active | State::PeerCloseWait1) {
-                        // The FIN may overtake the peer's close CDC; look again shortly.
-                        self.fin_checks.push((token, now + FIN_GRACE));
+                        // The peer's FIN without its SMC-R close flags (yet). A live peer
+                        // may shut its TCP socket before its last CDC arrives (Linux
+                        // `smc_shutdown`; a RoCE retransmission can delay that CDC by
+                        // seconds), so the FIN alone ends nothing. A peer process that died
+                        // sends nothing more either: ask its link at once (TEST LINK);
+                        // if that fails, the link goes down with its connections.
+                        debug!(
+                            token,
+                            "peer's TCP FIN before its SMC-R close: probing the link"
+                        );
+                        let (lgr, link) = (c.lgr, c.link.id);
+                        drop(st);
+                        if let Some(l) = self.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {
+                            l.probe_link(now, link);
+                            self.dirty.insert(lgr);
+                        }
                     }
                     return;
                 }
@@ -1413,26 +1436,6 @@ impl Core {
                 st.armed = None;
                 st.conn.on_timeout(now);
                 c.drive(&mut st, now);
-            }
-        }
-        let due: Vec<u32> = self
-            .fin_checks
-            .iter()
-            .filter(|(_, t)| *t <= now)
-            .map(|(c, _)| *c)
-            .collect();
-        self.fin_checks.retain(|(_, t)| *t > now);
-        for t in due {
-            if let Some(c) = self.conns.get(&t) {
-                let mut st = c.lock();
-                if matches!(st.conn.state(), State::Active | State::PeerCloseWait1) {
-                    debug!(
-                        token = t,
-                        "peer's TCP connection ended without an SMC-R close"
-                    );
-                    st.conn.on_tcp_reset(now);
-                    c.drive(&mut st, now);
-                }
             }
         }
     }
@@ -2181,21 +2184,12 @@ fn drain_outputs(hs: &mut Handshake, env: &mut Env<'_>) {
                     }
                 }
             }
-            Output::OutOfSync { lgr, peer_id } => {
-                let now = env.now;
-                let ids: Vec<LgrId> = env
-                    .core
-                    .lgrs
-                    .values()
-                    .filter(|g| Some(g.id) == lgr || (lgr.is_none() && g.peer_id == peer_id))
-                    .map(|g| g.id)
-                    .collect();
-                for id in ids {
-                    warn!(lgr = id.0, "link group out of sync: terminating");
-                    if let Some(l) = env.core.lgrs.get_mut(&id).and_then(|g| g.llc.as_mut()) {
-                        l.terminate(now);
-                        env.core.dirty.insert(id);
-                    }
+            Output::OutOfSync { lgr } => {
+                // Only the link group this rendezvous referenced (RFC 7609 A.2.5, AMB-15).
+                warn!(lgr = lgr.0, "link group out of sync: terminating");
+                if let Some(l) = env.core.lgrs.get_mut(&lgr).and_then(|g| g.llc.as_mut()) {
+                    l.terminate(env.now);
+                    env.core.dirty.insert(lgr);
                 }
             }
             Output::AbortConn { conn } => {

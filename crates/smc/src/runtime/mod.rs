@@ -13,7 +13,7 @@ mod core;
 pub(crate) mod link;
 mod sys;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -142,8 +142,8 @@ impl StackConfig {
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
-    /// `SMC_RS_CLC_TIMEOUT_MS` and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged
-    /// and ignored.
+    /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
+    /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
         match UeidTable::from_env_or_file() {
@@ -185,6 +185,9 @@ impl StackConfig {
         }
         if let Some(d) = millis("SMC_RS_CLC_TIMEOUT_MS") {
             c.clc_timeout = d;
+        }
+        if let Some(d) = millis("SMC_RS_CLOSE_TIMEOUT_MS") {
+            c.conn.close_timeout = d;
         }
         if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
             // 0 disables TEST LINK keepalive.
@@ -336,6 +339,9 @@ pub struct Stats {
     pub llc_received: u64,
     /// LLC messages sent.
     pub llc_sent: u64,
+    /// LLC messages of peers dropped as floods (beyond the per-link inbox bound, or TEST
+    /// LINK requests beyond the answers in flight).
+    pub llc_dropped: u64,
 }
 
 #[derive(Default)]
@@ -349,6 +355,7 @@ pub(crate) struct Counters {
     pub links_failed: AtomicU64,
     pub llc_received: AtomicU64,
     pub llc_sent: AtomicU64,
+    pub llc_dropped: AtomicU64,
 }
 
 /// Messages to the event thread.
@@ -376,19 +383,19 @@ pub(crate) enum Inbox {
     Released,
 }
 
-/// Alert tokens (RFC 7609 §4.1, A.2.3): slot + generation, so that a stale token from
-/// a closed connection never reaches a newer one in the same slot.
+/// Alert tokens (RFC 7609 §4.1, A.2.3): random 32-bit values, so that a peer cannot
+/// name a connection it was not told about. A token is the only thing a CDC says about
+/// its connection; with sequential tokens a peer with a link group of its own could
+/// guess the tokens of other peers' connections and inject into them. Each token also
+/// remembers the link group it was allocated in: a CDC counts only when it arrives on
+/// a link of that link group, attached or not yet attached.
 #[derive(Default)]
 pub(crate) struct Tokens {
-    slots: Vec<TokenSlot>,
-    free: Vec<u16>,
-    used: usize,
+    map: HashMap<u32, TokenSlot>,
 }
 
-#[derive(Default)]
 struct TokenSlot {
-    gen: u16,
-    used: bool,
+    lgr: LgrId,
     conn: Option<Arc<ConnShared>>,
     /// CDCs that arrived before the rendezvous finished here: on subsequent contact the
     /// client may write as soon as its Confirm is out, so its first CDC can overtake
@@ -399,36 +406,36 @@ struct TokenSlot {
 /// Most early CDCs kept per token (a well-behaved peer sends a handful at most before
 /// the Confirm is processed: its window is our whole RMBE).
 const MAX_EARLY_CDCS: usize = 64;
+/// Most tokens in use at once (connections plus rendezvous of a stack).
+const MAX_TOKENS: usize = 1 << 20;
 
 impl Tokens {
-    fn alloc(&mut self) -> Option<u32> {
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                if self.slots.len() >= usize::from(u16::MAX) {
-                    return None;
-                }
-                self.slots.push(TokenSlot {
-                    gen: 1,
-                    ..TokenSlot::default()
-                });
-                (self.slots.len() - 1) as u16
+    /// A fresh token for a connection in link group `lgr`: random, never 0, never one
+    /// in use.
+    fn alloc(&mut self, lgr: LgrId) -> Option<u32> {
+        if self.map.len() >= MAX_TOKENS {
+            return None;
+        }
+        loop {
+            let t = rand::random::<u32>();
+            if t == 0 || self.map.contains_key(&t) {
+                continue;
             }
-        };
-        let s = &mut self.slots[usize::from(slot)];
-        s.used = true;
-        self.used += 1;
-        Some((u32::from(s.gen) << 16) | u32::from(slot))
-    }
-
-    fn slot(&mut self, token: u32) -> Option<&mut TokenSlot> {
-        let s = self.slots.get_mut((token & 0xFFFF) as usize)?;
-        (s.used && u32::from(s.gen) == token >> 16).then_some(s)
+            self.map.insert(
+                t,
+                TokenSlot {
+                    lgr,
+                    conn: None,
+                    early: Vec::new(),
+                },
+            );
+            return Some(t);
+        }
     }
 
     /// Attaches the connection; returns the CDCs that arrived before it.
     fn set(&mut self, token: u32, conn: Arc<ConnShared>) -> Vec<[u8; 44]> {
-        match self.slot(token) {
+        match self.map.get_mut(&token) {
             Some(s) => {
                 s.conn = Some(conn);
                 std::mem::take(&mut s.early)
@@ -437,10 +444,15 @@ impl Tokens {
         }
     }
 
-    /// Keeps a CDC for a token whose connection is not attached yet; returns the
-    /// connection instead if it is attached by now.
-    fn early(&mut self, token: u32, cdc: &[u8; 44]) -> Option<Arc<ConnShared>> {
-        let s = self.slot(token)?;
+    /// Keeps a CDC that arrived on a link of `lgr` for a token whose connection is not
+    /// attached yet; returns the connection instead if it is attached by now. A CDC
+    /// from another link group than the token's is dropped.
+    fn early(&mut self, token: u32, lgr: LgrId, cdc: &[u8; 44]) -> Option<Arc<ConnShared>> {
+        let s = self.map.get_mut(&token)?;
+        if s.lgr != lgr {
+            debug!(token, "CDC for a token of another link group dropped");
+            return None;
+        }
         if let Some(c) = &s.conn {
             return Some(c.clone());
         }
@@ -453,24 +465,15 @@ impl Tokens {
     }
 
     fn get(&self, token: u32) -> Option<Arc<ConnShared>> {
-        let s = self.slots.get((token & 0xFFFF) as usize)?;
-        if s.used && u32::from(s.gen) == token >> 16 {
-            s.conn.clone()
-        } else {
-            None
-        }
+        self.map.get(&token)?.conn.clone()
     }
 
     fn release(&mut self, token: u32) {
-        let slot = (token & 0xFFFF) as u16;
-        if let Some(s) = self.slot(token) {
-            s.used = false;
-            s.conn = None;
-            s.early.clear();
-            s.gen = s.gen.wrapping_add(1).max(1);
-            self.free.push(slot);
-            self.used -= 1;
-        }
+        self.map.remove(&token);
+    }
+
+    fn used(&self) -> usize {
+        self.map.len()
     }
 }
 
@@ -598,7 +601,7 @@ impl Inner {
         let conn = match self.conn_by_token(msg.token) {
             Some(c) => Some(c),
             None => match self.tokens.write() {
-                Ok(mut t) => t.early(msg.token, bytes),
+                Ok(mut t) => t.early(msg.token, link.lgr, bytes),
                 Err(_) => None,
             },
         };
@@ -737,7 +740,7 @@ impl Stack {
     pub fn stats(&self) -> Stats {
         let mut s = self.inner.lock_core().stats();
         let c = &self.inner.counters;
-        s.alert_tokens = self.inner.tokens.read().map(|t| t.used).unwrap_or(0);
+        s.alert_tokens = self.inner.tokens.read().map(|t| t.used()).unwrap_or(0);
         s.fds = sys::count_fds();
         s.smc_total = c.smc_total.load(Ordering::Relaxed);
         s.first_contacts = c.first_contacts.load(Ordering::Relaxed);
@@ -748,6 +751,7 @@ impl Stack {
         s.links_failed = c.links_failed.load(Ordering::Relaxed);
         s.llc_received = c.llc_received.load(Ordering::Relaxed);
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
+        s.llc_dropped = c.llc_dropped.load(Ordering::Relaxed);
         s
     }
 
@@ -771,3 +775,54 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 10 item 4: a peer must not be able to guess another connection's token
+    /// (they used to be `generation << 16 | slot`, so the next one was known).
+    #[test]
+    fn alert_tokens_are_unpredictable() {
+        let mut t = Tokens::default();
+        let toks: Vec<u32> = (0..64).map(|_| t.alloc(LgrId(1)).unwrap()).collect();
+        assert!(toks.iter().all(|&x| x != 0));
+        let mut uniq = toks.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        assert_eq!(uniq.len(), toks.len(), "tokens are unique");
+        // Sequential slots would keep the low half below 64 and the high half constant;
+        // random tokens leave both (with probability 1 - 2^-600 or so).
+        assert!(toks.iter().any(|&x| x & 0xFFFF >= 64));
+        assert!(toks.windows(2).any(|w| w[0] >> 16 != w[1] >> 16));
+        assert!(!toks
+            .windows(2)
+            .all(|w| w[1].wrapping_sub(w[0]) == toks[1].wrapping_sub(toks[0])));
+        assert_eq!(t.used(), 64);
+        for x in toks {
+            t.release(x);
+        }
+        assert_eq!(t.used(), 0);
+    }
+
+    /// Issue 10 item 4: a CDC that reaches a token before its connection is attached
+    /// counts only when it came from the link group that will own the connection.
+    #[test]
+    fn early_cdcs_only_from_the_owning_link_group() {
+        let mut t = Tokens::default();
+        let tok = t.alloc(LgrId(7)).unwrap();
+        let foreign = [0xFEu8; 44];
+        assert!(t.early(tok, LgrId(8), &foreign).is_none());
+        let mut own = [0xFEu8; 44];
+        own[1] = 44;
+        assert!(t.early(tok, LgrId(7), &own).is_none());
+        // Unknown tokens keep nothing.
+        assert!(t.early(tok.wrapping_add(1), LgrId(7), &own).is_none());
+        let m = t.map.get(&tok).unwrap();
+        assert_eq!(
+            m.early,
+            vec![own],
+            "only the owning link group's CDC was kept"
+        );
+    }
+}

@@ -479,3 +479,36 @@ fn events_outside_the_link_wait_are_ignored() {
     assert!(drain(&mut c).is_empty());
     assert!(c.outcome().is_none());
 }
+
+/// Issue 10 item 2: a peer that shuts down writing at once sends its TCP FIN right after
+/// the Confirm (Linux `smc_shutdown` shuts the TCP socket too), while CONFIRM LINK is
+/// still in flight. The FIN must not fail the rendezvous on either side: it is kept for
+/// the connection, and nothing more is read from the socket.
+#[test]
+fn fin_during_the_link_wait_is_kept_for_the_connection() {
+    for server_sees_fin in [true, false] {
+        let mut p = Pair::new(&v1(), &v1());
+        p.llc = LlcScript::Silent;
+        while p.pump() {}
+        assert!(p.llc_ready(), "both sides wait for the llc");
+        if server_sees_fin {
+            p.s.handle_tcp_fin(p.now, &mut p.senv);
+            assert!(
+                p.s.outcome().is_none(),
+                "the server still waits for CONFIRM LINK"
+            );
+            assert_eq!(p.s.bytes_wanted(), 0, "nothing is read after the FIN");
+        } else {
+            p.c.handle_tcp_fin(p.now, &mut p.cenv);
+            assert!(
+                p.c.outcome().is_none(),
+                "the client still waits for the llc"
+            );
+            assert_eq!(p.c.bytes_wanted(), 0, "nothing is read after the FIN");
+        }
+        p.llc = LlcScript::Normal;
+        let (c, s) = p.run();
+        smc(Some(&c));
+        smc(Some(&s));
+    }
+}

@@ -613,3 +613,43 @@ fn conn_is_send_and_sync() {
     check::<Conn>();
     check::<Transmit>();
 }
+
+/// Issue 10 item 1: `shutdown(SHUT_WR)` starts no termination timer. The half-closed side
+/// keeps receiving for as long as the peer sends (here 80 s, past the 60 s close timer),
+/// as TCP does; the timer starts only when the application closes.
+#[test]
+fn half_closed_connection_outlives_the_close_timer() {
+    let (a, b) = (Side::A, Side::B);
+    let mut sim = sim();
+    shutdown(&mut sim, a);
+    settle(&mut sim);
+    assert_eq!(state(&sim, a), State::PeerCloseWait1);
+    assert_eq!(sim.a.conn.poll_timeout(), None, "no timer after shutdown");
+    let mut sent = 0u64;
+    for _ in 0..80 {
+        sim.advance(Duration::from_secs(1));
+        let n = sim.write(b, 100, false);
+        settle(&mut sim);
+        sent += n;
+        let got = sim.host(a).inband.len();
+        assert_eq!(got as u64, sent, "every byte arrives");
+        assert_eq!(state(&sim, a), State::PeerCloseWait1);
+        // The reader consumes what arrived (the sim's host reads on delivery).
+    }
+    assert!(sim.a.conn.error().is_none());
+    // The application closes: now the timer runs.
+    close(&mut sim, a);
+    let t = sim
+        .a
+        .conn
+        .poll_timeout()
+        .expect("close arms the termination timer");
+    assert_eq!(t, sim.now + Duration::from_secs(60));
+    // The peer closes too: both CLOSED, no reset.
+    shutdown(&mut sim, b);
+    close(&mut sim, b);
+    settle(&mut sim);
+    assert_eq!(state(&sim, a), State::Closed);
+    assert_eq!(state(&sim, b), State::Closed);
+    assert!(sim.a.conn.error().is_none());
+}

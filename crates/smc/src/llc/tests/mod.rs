@@ -118,6 +118,9 @@ pub(super) struct Solo {
     pub destroyed: Vec<LinkId>,
     /// Completions to report: every send succeeds unless listed here.
     pub fail_sends: bool,
+    /// Keep send completions back (in `held`) instead of reporting them at once.
+    pub hold_sends: bool,
+    pub held: Vec<(LinkId, SendId)>,
     next_qpn: u32,
 }
 
@@ -171,6 +174,8 @@ impl Solo {
             created: Vec::new(),
             destroyed: Vec::new(),
             fail_sends: false,
+            hold_sends: false,
+            held: Vec::new(),
             next_qpn: 0x20,
         };
         s.drain();
@@ -221,7 +226,9 @@ impl Solo {
                     t.msg.encode(self.lg.config().format).unwrap();
                     let (link, id) = (t.link, t.id);
                     self.sent.push((t.link, t.msg));
-                    if !self.lg.is_terminated() {
+                    if self.hold_sends {
+                        self.held.push((link, id));
+                    } else if !self.lg.is_terminated() {
                         let ok = !self.fail_sends;
                         self.lg.on_send_complete(self.now, link, id, ok);
                     }
@@ -289,6 +296,14 @@ impl Solo {
     }
 
     /// Messages sent so far (and forgets them).
+    /// Reports the held send completions (successful).
+    pub fn complete_held(&mut self) {
+        for (link, id) in std::mem::take(&mut self.held) {
+            self.lg.on_send_complete(self.now, link, id, true);
+        }
+        self.drain();
+    }
+
     pub fn take(&mut self) -> Vec<(LinkId, LlcOut)> {
         std::mem::take(&mut self.sent)
     }

@@ -609,3 +609,35 @@ fn b15_delete_all_send_failure() {
         Some(TerminateReason::Local(DeleteLinkReason::OP_INIT_TERM))
     );
 }
+
+/// Issue 10 item 9 (KA-4): a peer's TEST LINK flood gets a few answers in flight at most;
+/// the rest is dropped, the link stays up, and answering resumes as the answers complete.
+#[test]
+fn test_link_flood_is_bounded_and_the_link_stays_up() {
+    let mut s = Solo::server_up(LlcConfig::linux(Role::Server, Version::V2), 1);
+    s.take();
+    s.hold_sends = true;
+    let req = |i: u8| {
+        LlcMessage::TestLink(TestLink {
+            v2: true,
+            response: false,
+            user_data: [i; 16],
+        })
+    };
+    for i in 0..200u8 {
+        s.rx(LinkId::FIRST, &req(i));
+    }
+    let answers = s.take();
+    assert_eq!(answers.len(), 4, "answers in flight are bounded");
+    assert!(answers
+        .iter()
+        .all(|(l, m)| *l == LinkId::FIRST && m.msg_type() == LlcType::TestLink));
+    assert_eq!(s.lg.dropped_requests(), 196);
+    assert!(!s.saw(|e| matches!(e, Event::LinkDown { .. } | Event::Terminated(_))));
+    assert_eq!(s.lg.link(LinkId::FIRST).unwrap().state, LinkState::Active);
+    // The answers complete: the next request is answered again.
+    s.complete_held();
+    s.rx(LinkId::FIRST, &req(201));
+    assert_eq!(s.take().len(), 1);
+    assert_eq!(s.lg.dropped_requests(), 196);
+}
