@@ -1627,14 +1627,11 @@ impl QpInner {
         else {
             return self.responder_error(ctx, Syndrome::NakRemoteAccessError);
         };
-        // SAFETY: `boff..boff+8` lies inside the mapping (checked by
-        // `check_remote`), and `va % 8 == 0` with `va == buf.addr() + boff`
-        // (regions map I/O addresses 1:1 onto the buffer) makes the pointer
-        // 8-byte aligned. All accesses by this provider to these bytes are
-        // atomic; the application's concurrent plain accesses are its
-        // protocol's business, as with a hardware RNIC (C.8).
-        let cell = unsafe {
-            std::sync::atomic::AtomicU64::from_ptr(mr.buf.as_ptr().add(boff) as *mut u64)
+        // The provider's atomics and every copy into or out of the buffer
+        // (ours and the application's) are accesses to the same aligned
+        // 8-byte words (smc_verbs::mem), so they never race (C.8).
+        let Some(cell) = mr.buf.atomic_u64(boff) else {
+            return self.responder_error(ctx, Syndrome::NakInvalidRequest);
         };
         let orig = match p.repr.bth.opcode {
             Opcode::CompareSwap => {
