@@ -126,7 +126,8 @@ impl TxBatch {
 
     /// Builds one packet in place: headers from `repr`, `payload_len`
     /// payload bytes written by `fill`, zero pad, ICRC; then applies the
-    /// fault injector.
+    /// fault injector. When `fill` returns false (the payload's memory was
+    /// deregistered) nothing is queued and the result is false.
     pub(crate) fn packet(
         &mut self,
         dev: &DevShared,
@@ -134,20 +135,24 @@ impl TxBatch {
         fault: &mut Option<FaultState>,
         repr: &PacketRepr,
         payload_len: usize,
-        fill: impl FnOnce(&mut [u8]),
-    ) {
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
         let mut repr = *repr;
         let pad = crate::wire::pad_for(payload_len);
         repr.bth.pad_count = pad as u8;
         let total = repr.buffer_len(payload_len);
         if total > SLOT {
             tracing::error!(total, "packet larger than a transmit slot");
-            return;
+            return true;
         }
         let i = self.next_slot(dev);
         let buf = &mut self.bufs[i][..total];
-        let Ok(off) = repr.emit(buf) else { return };
-        fill(&mut buf[off..off + payload_len]);
+        let Ok(off) = repr.emit(buf) else {
+            return true;
+        };
+        if !fill(&mut buf[off..off + payload_len]) {
+            return false;
+        }
         buf[off + payload_len..total - ICRC_LEN].fill(0);
         icrc::fill(ip, sport, dport, buf);
         let fate = fault.as_mut().map(|f| f.decide()).unwrap_or(Fate::Send);
@@ -172,6 +177,7 @@ impl TxBatch {
                 }
             }
         }
+        true
     }
 
     /// Sends everything queued.
@@ -420,6 +426,48 @@ impl DevShared {
         }
     }
 
+    /// One pass of the engine's own work: QP timers and pending work (READ
+    /// responses still to stream), then CQ handlers deferred to the engine.
+    /// Returns the next timer deadline (ns since the epoch) and whether a
+    /// QP still has work. `service`/`fire` are scratch vectors (empty).
+    pub(crate) fn run_timers(
+        &self,
+        service: &mut Vec<Arc<QpShared>>,
+        fire: &mut Vec<Arc<CqShared>>,
+    ) -> (u64, bool) {
+        let now_ns = self.ns_since_epoch(Instant::now());
+        let mut next_ns = now_ns + IDLE_WAIT.as_nanos() as u64;
+        let mut busy = false;
+        {
+            let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+            for qp in qps.values() {
+                let d = qp.deadline.load(Ordering::Acquire);
+                let w = qp.work.load(Ordering::Acquire);
+                if w || (d != 0 && d <= now_ns) {
+                    service.push(qp.clone());
+                } else if d != 0 {
+                    next_ns = next_ns.min(d);
+                }
+            }
+        }
+        for qp in service.drain(..) {
+            qp.service();
+            busy |= qp.work.load(Ordering::Acquire);
+            let d = qp.deadline.load(Ordering::Acquire);
+            if d != 0 {
+                next_ns = next_ns.min(d);
+            }
+        }
+        std::mem::swap(
+            fire,
+            &mut self.deferred.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        for cq in fire.drain(..) {
+            cq.run_handler();
+        }
+        (next_ns, busy)
+    }
+
     /// Runs a CQ's handler on the engine thread.
     pub(crate) fn defer_fire(&self, cq: Arc<CqShared>) {
         self.deferred
@@ -636,6 +684,16 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> bool {
 
 /// Opens a device bound to `local` and starts its engine.
 pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
+    open_inner(local, config, true).map(|(d, _)| d)
+}
+
+/// Opens a device; without `engine` nobody receives or runs timers unless
+/// the caller does ([`crate::harness`], deterministic tests and fuzzing).
+pub(crate) fn open_inner(
+    local: IpAddr,
+    config: &Config,
+    engine: bool,
+) -> Result<(smc_verbs::Device, Arc<DevShared>)> {
     let port = config.udp_port.unwrap_or(4791);
     let peer_port = config.peer_port.unwrap_or(4791);
     let domain = if local.is_ipv4() {
@@ -675,6 +733,13 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         }
     }
     sock.bind(&SocketAddr::new(local, port).into())?;
+    // The port actually bound (port 0 asks the kernel for one): the ICRC
+    // of received packets covers it.
+    let port = sock
+        .local_addr()?
+        .as_socket()
+        .map(|a| a.port())
+        .unwrap_or(port);
     let gso =
         local.is_ipv4() && std::env::var(crate::config::ENV_GSO).is_ok_and(|v| v.trim() == "1");
     if gso {
@@ -750,14 +815,21 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         driver_left_ns: AtomicU64::new(0),
         stats: Stats::default(),
     });
-    let eng = shared.clone();
-    std::thread::Builder::new()
-        .name(format!("{}-engine", shared.attr.name))
-        .spawn(move || engine(eng))?;
+    if engine {
+        let eng = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("{}-engine", shared.attr.name))
+            .spawn(move || engine_main(eng))?;
+    }
     tracing::info!(name = %shared.attr.name, %local, port, mtu = shared.attr.active_mtu.bytes(), "softroce device open");
-    Ok(smc_verbs::Device(Arc::new(SoftDevice {
-        handle: Arc::new(DevHandle { shared }),
-    })))
+    Ok((
+        smc_verbs::Device(Arc::new(SoftDevice {
+            handle: Arc::new(DevHandle {
+                shared: shared.clone(),
+            }),
+        })),
+        shared,
+    ))
 }
 
 /// Device statistics of a softroce device handle.
@@ -825,7 +897,7 @@ fn sockaddr_ip(sa: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
     }
 }
 
-fn engine(dev: Arc<DevShared>) {
+fn engine_main(dev: Arc<DevShared>) {
     IS_ENGINE.with(|c| c.set(true));
     // Build this thread's transmit batch now: with waiters receiving, the
     // engine may send its first packet long after start-up, and the steady
@@ -836,38 +908,7 @@ fn engine(dev: Arc<DevShared>) {
     let mut service: Vec<Arc<QpShared>> = Vec::with_capacity(64);
     let mut fire: Vec<Arc<CqShared>> = Vec::with_capacity(64);
     while !dev.shutdown.load(Ordering::Acquire) {
-        // Timers and pending work.
-        let now = Instant::now();
-        let now_ns = dev.ns_since_epoch(now);
-        let mut next_ns = now_ns + IDLE_WAIT.as_nanos() as u64;
-        let mut busy = false;
-        {
-            let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
-            for qp in qps.values() {
-                let d = qp.deadline.load(Ordering::Acquire);
-                let w = qp.work.load(Ordering::Acquire);
-                if w || (d != 0 && d <= now_ns) {
-                    service.push(qp.clone());
-                } else if d != 0 {
-                    next_ns = next_ns.min(d);
-                }
-            }
-        }
-        for qp in service.drain(..) {
-            qp.service();
-            busy |= qp.work.load(Ordering::Acquire);
-            let d = qp.deadline.load(Ordering::Acquire);
-            if d != 0 {
-                next_ns = next_ns.min(d);
-            }
-        }
-        std::mem::swap(
-            &mut fire,
-            &mut dev.deferred.lock().unwrap_or_else(|e| e.into_inner()),
-        );
-        for cq in fire.drain(..) {
-            cq.run_handler();
-        }
+        let (next_ns, busy) = dev.run_timers(&mut service, &mut fire);
         // Sleep until a packet, a wake-up or the next deadline.
         let timeout_ns = if busy {
             0
@@ -1056,7 +1097,7 @@ fn icrc_ok(dev: &DevShared, src: IpAddr, sport: u16, pkt: &[u8]) -> bool {
     }
 }
 
-fn handle_packet(
+pub(crate) fn handle_packet(
     dev: &DevShared,
     pkt: &[u8],
     src: IpAddr,

@@ -33,9 +33,13 @@ pub mod config;
 mod cq;
 mod device;
 mod fault;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod harness;
 pub mod icrc;
 mod mr;
 mod qp;
+#[cfg(test)]
+mod qp_tests;
 pub mod wire;
 
 use std::collections::HashMap;

@@ -61,8 +61,8 @@ struct LocalSeg {
 }
 
 /// Copies `out.len()` message bytes starting at message offset `off` out of
-/// the gather list.
-fn gather(segs: &[LocalSeg], mut off: usize, out: &mut [u8]) {
+/// the gather list; false if a region of the list was deregistered.
+fn gather(segs: &[LocalSeg], mut off: usize, out: &mut [u8]) -> bool {
     let mut done = 0;
     for s in segs {
         if done == out.len() {
@@ -73,15 +73,18 @@ fn gather(segs: &[LocalSeg], mut off: usize, out: &mut [u8]) {
             continue;
         }
         let n = (s.len - off).min(out.len() - done);
-        s.mr.buf.read(s.boff + off, &mut out[done..done + n]);
+        let Some(m) = s.mr.enter() else { return false };
+        m.read(s.boff + off, &mut out[done..done + n]);
         done += n;
         off = 0;
     }
+    true
 }
 
-/// Copies `data` into the scatter list at message offset `off`; false if
-/// it does not fit.
-fn scatter(segs: &[LocalSeg], mut off: usize, data: &[u8]) -> bool {
+/// Copies `data` into the scatter list at message offset `off`. Fails with
+/// `LocLenErr` if it does not fit, `LocProtErr` if a region of the list was
+/// deregistered.
+fn scatter(segs: &[LocalSeg], mut off: usize, data: &[u8]) -> std::result::Result<(), WcStatus> {
     let mut done = 0;
     for s in segs {
         if done == data.len() {
@@ -92,11 +95,18 @@ fn scatter(segs: &[LocalSeg], mut off: usize, data: &[u8]) -> bool {
             continue;
         }
         let n = (s.len - off).min(data.len() - done);
-        s.mr.buf.write(s.boff + off, &data[done..done + n]);
+        let Some(m) = s.mr.enter() else {
+            return Err(WcStatus::LocProtErr);
+        };
+        m.write(s.boff + off, &data[done..done + n]);
         done += n;
         off = 0;
     }
-    done == data.len()
+    if done == data.len() {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
 }
 
 struct SendWqe {
@@ -157,13 +167,15 @@ enum InProgress {
     },
 }
 
-/// Saved RDMA READ / atomic request for duplicate replay (PSN-3).
+/// Saved RDMA READ / atomic request for duplicate replay (PSN-3). A READ
+/// keeps its R_Key and address, not the region: a replay looks the key up
+/// and checks it again (RK-C1), so a deregistered region is never read.
 enum RdRes {
     Read {
         first_psn: u32,
         npkts: u32,
-        mr: Option<Arc<MrEntry>>,
-        boff: usize,
+        rkey: u32,
+        va: u64,
         len: usize,
     },
     Atomic {
@@ -632,7 +644,10 @@ impl QpInner {
                             for _ in 0..s.length {
                                 data.push(0);
                             }
-                            mr.buf.read(boff, &mut data[start..]);
+                            match mr.enter() {
+                                Some(m) => m.read(boff, &mut data[start..]),
+                                None => err = Some(WcStatus::LocProtErr),
+                            }
                         }
                         None => err = Some(WcStatus::LocProtErr),
                     }
@@ -714,14 +729,17 @@ impl QpInner {
         }
         while self.next_wqe < self.sq.len() && psn_diff(self.psn, self.una) < self.cwnd {
             let i = self.next_wqe;
-            if self.next_pkt == 0 {
-                if let Some(st) = self.sq[i].local_err {
-                    if i == 0 {
-                        self.fail_front(ctx, st);
-                        return;
-                    }
-                    break;
+            // A local error (found at post time, or a gather region
+            // deregistered mid-message) completes the WQE with that error
+            // once everything before it completed.
+            if let Some(st) = self.sq[i].local_err {
+                if i == 0 {
+                    self.fail_front(ctx, st);
+                    return;
                 }
+                break;
+            }
+            if self.next_pkt == 0 {
                 let earlier_rd = self.sq.range(..i).filter(|w| w.rd_atomic()).count();
                 if self.sq[i].rd_atomic() && earlier_rd >= self.max_rd_atomic.max(1) as usize {
                     break;
@@ -735,14 +753,19 @@ impl QpInner {
                 w.npkts = n;
                 w.read_got = 0;
             }
-            self.send_next_packet(ctx, i);
+            if !self.send_next_packet(ctx, i) {
+                self.sq[i].local_err = Some(WcStatus::LocProtErr);
+                continue;
+            }
             if self.timer.is_none() {
                 self.timer = self.timeout.map(|t| ctx.now + t);
             }
         }
     }
 
-    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>, i: usize) {
+    /// Sends the next packet of WQE `i`; false (nothing sent) when its
+    /// gather list names a region deregistered since it was posted.
+    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>, i: usize) -> bool {
         let mtu = self.mtu;
         let k = self.next_pkt;
         let dest_qp = self.dest_qpn;
@@ -869,17 +892,23 @@ impl QpInner {
         let w = &self.sq[i];
         let (segs, inline) = (&w.segs, w.inline.as_deref());
         if let Some(path) = self.path.as_ref() {
-            ctx.tx.packet(
+            let sent = ctx.tx.packet(
                 &ctx.qp.dev,
                 path_parts(path),
                 &mut self.fault,
                 &repr,
                 payload_len,
                 |buf| match inline {
-                    Some(d) => buf.copy_from_slice(&d[off..off + payload_len]),
+                    Some(d) => {
+                        buf.copy_from_slice(&d[off..off + payload_len]);
+                        true
+                    }
                     None => gather(segs, off, buf),
                 },
             );
+            if !sent {
+                return false;
+            }
         }
         self.psn = psn_add(self.psn, advance);
         if psn_diff(self.psn, self.max_psn) > 0 {
@@ -890,6 +919,7 @@ impl QpInner {
             self.next_wqe += 1;
             self.next_pkt = 0;
         }
+        true
     }
 
     /// Repositions transmission so that the next packet sent is the one
@@ -1034,7 +1064,9 @@ impl QpInner {
                 {
                     return;
                 }
-                scatter(&w.segs, 0, &orig.to_ne_bytes());
+                if let Err(st) = scatter(&w.segs, 0, &orig.to_ne_bytes()) {
+                    return self.fail_front(ctx, st);
+                }
                 if psn_diff(psn_add(psn, 1), self.psn) > 0 {
                     self.rewind(psn_add(psn, 1));
                 }
@@ -1116,7 +1148,9 @@ impl QpInner {
             tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response");
             return self.fail_front(ctx, WcStatus::BadRespErr);
         }
-        scatter(&w.segs, off, &pkt[p.payload_off..p.payload_off + len]);
+        if let Err(st) = scatter(&w.segs, off, &pkt[p.payload_off..p.payload_off + len]) {
+            return self.fail_front(ctx, st);
+        }
         self.sq[0].read_got += 1;
         if psn_diff(psn_add(psn, 1), self.psn) > 0 {
             self.rewind(psn_add(psn, 1));
@@ -1258,7 +1292,7 @@ impl QpInner {
                 &mut self.fault,
                 repr,
                 0,
-                |_| {},
+                |_| true,
             );
         }
     }
@@ -1283,8 +1317,14 @@ impl QpInner {
 
     /// A fatal responder error: NAK and move to ERR (RK-C1, SEG-7/8).
     fn responder_error(&mut self, ctx: &mut Ctx<'_>, syn: Syndrome) {
-        tracing::debug!(qpn = ctx.qp.qpn, psn = self.epsn, ?syn, "responder error");
-        self.send_ack(ctx, self.epsn, syn);
+        self.responder_error_at(ctx, self.epsn, syn);
+    }
+
+    /// A fatal responder error reported at `psn` (the READ response or
+    /// duplicate that failed rather than the expected PSN).
+    fn responder_error_at(&mut self, ctx: &mut Ctx<'_>, psn: u32, syn: Syndrome) {
+        tracing::debug!(qpn = ctx.qp.qpn, psn, ?syn, "responder error");
+        self.send_ack(ctx, psn, syn);
         self.enter_err(ctx);
     }
 
@@ -1389,9 +1429,16 @@ impl QpInner {
         let wr_id = wqe.wr_id;
         let failure = if let Some(st) = wqe.local_err {
             Some((st, Syndrome::NakRemoteOperationalError))
-        } else if !scatter(&wqe.segs, *written, payload) {
-            // RC-4: message longer than the receive buffer.
-            Some((WcStatus::LocLenErr, Syndrome::NakInvalidRequest))
+        } else if let Err(st) = scatter(&wqe.segs, *written, payload) {
+            // RC-4: message longer than the receive buffer (invalid
+            // request), or the buffer's region was deregistered since the
+            // receive was posted (the WQE is broken: operational error).
+            let syn = if st == WcStatus::LocLenErr {
+                Syndrome::NakInvalidRequest
+            } else {
+                Syndrome::NakRemoteOperationalError
+            };
+            Some((st, syn))
         } else {
             *written += payload.len();
             None
@@ -1491,10 +1538,13 @@ impl QpInner {
         else {
             return;
         };
-        if let Some(mr) = mr {
-            if !payload.is_empty() {
-                mr.buf.write(*boff, payload);
-            }
+        if let (Some(mr), false) = (mr.as_ref(), payload.is_empty()) {
+            // The region may have been deregistered since the First packet
+            // was checked: then nothing more is placed (item 6, RK-C1 (a)).
+            let Some(m) = mr.enter() else {
+                return self.responder_error(ctx, Syndrome::NakRemoteAccessError);
+            };
+            m.write(*boff, payload);
         }
         *boff += payload.len();
         *remaining -= payload.len();
@@ -1550,8 +1600,8 @@ impl QpInner {
         self.rd_res_push(RdRes::Read {
             first_psn: psn,
             npkts,
-            mr: mr.clone(),
-            boff,
+            rkey: reth.rkey,
+            va: reth.va,
             len,
         });
         self.pending_reads.push_back(PendingRead {
@@ -1593,23 +1643,34 @@ impl QpInner {
                 op.has_aeth().then_some(Syndrome::ACK),
             );
             let (mr, boff) = (r.mr.clone(), r.boff + off);
+            let psn = psn_add(r.first_psn, k);
             r.next += 1;
             if r.next >= n {
                 self.pending_reads.pop_front();
             }
             if let Some(path) = self.path.as_ref() {
-                ctx.tx.packet(
+                let sent = ctx.tx.packet(
                     &ctx.qp.dev,
                     path_parts(path),
                     &mut self.fault,
                     &repr,
                     len,
-                    |buf| {
-                        if let Some(mr) = &mr {
-                            mr.buf.read(boff, buf);
-                        }
+                    |buf| match &mr {
+                        Some(mr) => match mr.enter() {
+                            Some(m) => {
+                                m.read(boff, buf);
+                                true
+                            }
+                            None => false,
+                        },
+                        None => true,
                     },
                 );
+                if !sent {
+                    // Deregistered while its responses stream: not one
+                    // more byte of it leaves (item 6).
+                    return self.responder_error_at(ctx, psn, Syndrome::NakRemoteAccessError);
+                }
             }
             budget -= 1;
         }
@@ -1630,21 +1691,26 @@ impl QpInner {
         // The provider's atomics and every copy into or out of the buffer
         // (ours and the application's) are accesses to the same aligned
         // 8-byte words (smc_verbs::mem), so they never race (C.8).
-        let Some(cell) = mr.buf.atomic_u64(boff) else {
-            return self.responder_error(ctx, Syndrome::NakInvalidRequest);
-        };
-        let orig = match p.repr.bth.opcode {
-            Opcode::CompareSwap => {
-                match cell.compare_exchange(
-                    a.compare,
-                    a.swap_add,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                ) {
-                    Ok(v) | Err(v) => v,
+        let orig = {
+            let Some(m) = mr.enter() else {
+                return self.responder_error(ctx, Syndrome::NakRemoteAccessError);
+            };
+            let Some(cell) = m.atomic(boff) else {
+                return self.responder_error(ctx, Syndrome::NakInvalidRequest);
+            };
+            match p.repr.bth.opcode {
+                Opcode::CompareSwap => {
+                    match cell.compare_exchange(
+                        a.compare,
+                        a.swap_add,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    ) {
+                        Ok(v) | Err(v) => v,
+                    }
                 }
+                _ => cell.fetch_add(a.swap_add, Ordering::SeqCst),
             }
-            _ => cell.fetch_add(a.swap_add, Ordering::SeqCst),
         };
         let psn = p.repr.bth.psn;
         self.rd_res_push(RdRes::Atomic { psn, orig });
@@ -1674,34 +1740,57 @@ impl QpInner {
         let psn = p.repr.bth.psn;
         match p.repr.bth.opcode {
             Opcode::ReadRequest => {
-                let mut restart = None;
-                for r in &self.rd_res {
-                    if let RdRes::Read {
+                let saved = self.rd_res.iter().find_map(|r| match *r {
+                    RdRes::Read {
                         first_psn,
                         npkts,
-                        mr,
-                        boff,
+                        rkey,
+                        va,
                         len,
-                    } = r
-                    {
-                        let d = psn_diff(psn, *first_psn);
-                        if d >= 0 && (d as u32) < *npkts {
-                            restart = Some(PendingRead {
-                                first_psn: *first_psn,
-                                next: d as u32,
-                                npkts: *npkts,
-                                mr: mr.clone(),
-                                boff: *boff,
-                                len: *len,
-                            });
+                    } => {
+                        let d = psn_diff(psn, first_psn);
+                        (d >= 0 && (d as u32) < npkts)
+                            .then_some((first_psn, d as u32, npkts, rkey, va, len))
+                    }
+                    RdRes::Atomic { .. } => None,
+                });
+                let Some((first_psn, next, npkts, rkey, va, len)) = saved else {
+                    return;
+                };
+                // Re-executed from memory (C.7), but only after the R_Key
+                // is looked up and checked again for the part still to
+                // send: the region may have been deregistered (item 6).
+                let off = (next as usize * self.mtu).min(len);
+                let (mr, boff) = if len == 0 {
+                    (None, 0)
+                } else {
+                    match self.check_remote(
+                        ctx,
+                        rkey,
+                        va.wrapping_add(off as u64),
+                        (len - off) as u64,
+                        AccessFlags::REMOTE_READ,
+                    ) {
+                        Some((mr, boff)) => (Some(mr), boff - off),
+                        None => {
+                            return self.responder_error_at(
+                                ctx,
+                                psn,
+                                Syndrome::NakRemoteAccessError,
+                            )
                         }
                     }
-                }
-                if let Some(r) = restart {
-                    self.pending_reads.retain(|q| q.first_psn != r.first_psn);
-                    self.pending_reads.push_front(r);
-                    self.pump_reads(ctx);
-                }
+                };
+                self.pending_reads.retain(|q| q.first_psn != first_psn);
+                self.pending_reads.push_front(PendingRead {
+                    first_psn,
+                    next,
+                    npkts,
+                    mr,
+                    boff,
+                    len,
+                });
+                self.pump_reads(ctx);
             }
             Opcode::CompareSwap | Opcode::FetchAdd => {
                 let saved = self.rd_res.iter().find_map(|r| match r {

@@ -429,3 +429,138 @@ fn malformed_read_response_is_a_bad_response() {
     assert_eq!((wc.wr_id, wc.status), (3, WcStatus::BadRespErr));
     assert_eq!(s.qp.state(), QpState::Err);
 }
+
+/// Item 6: a duplicate READ after the region was deregistered is not
+/// replayed from the saved reference: the rkey is looked up again (as rxe
+/// re-checks the MR) and the answer is NAK Remote Access Error.
+#[test]
+fn duplicate_read_after_deregistration_is_refused() {
+    let (s, peer) = setup(85);
+    let mem = buf(4096);
+    fill_pattern(&mem, 85);
+    let mr =
+        s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    let mut rd = peer.req(Opcode::ReadRequest, 100, false);
+    rd.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: 2000,
+    });
+    peer.send(rd, &[]);
+    for (op, psn) in [
+        (Opcode::ReadResponseFirst, 100),
+        (Opcode::ReadResponseLast, 101),
+    ] {
+        let (r, _) = peer.expect();
+        assert_eq!((r.bth.opcode, r.bth.psn), (op, psn));
+    }
+    drop(mr);
+    peer.send(rd, &[]);
+    let (r, data) = peer.expect();
+    assert!(data.is_empty(), "data of a deregistered region was sent");
+    assert_eq!(
+        ack_of(&r),
+        (Opcode::Acknowledge, 100, Syndrome::NakRemoteAccessError, 1)
+    );
+    peer.silence();
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 6: a multi-packet WRITE whose region is deregistered after its
+/// first packet places nothing more: the next packet is answered with NAK
+/// Remote Access Error.
+#[test]
+fn write_in_progress_stops_at_deregistration() {
+    let (s, peer) = setup(86);
+    let mem = buf(4096);
+    let mr =
+        s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let mut first = peer.req(Opcode::WriteFirst, 100, true);
+    first.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: 3000,
+    });
+    peer.send(first, &[0x11; 1024]);
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (Opcode::Acknowledge, 100, Syndrome::ACK, 0)
+    );
+    drop(mr);
+    peer.send(peer.req(Opcode::WriteMiddle, 101, true), &[0x22; 1024]);
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (Opcode::Acknowledge, 101, Syndrome::NakRemoteAccessError, 0)
+    );
+    assert_eq!(contents(&mem, 0, 1024), vec![0x11; 1024]);
+    assert_eq!(contents(&mem, 1024, 2048), vec![0; 2048]);
+    peer.send(peer.req(Opcode::WriteLast, 102, true), &[0x33; 952]);
+    peer.silence();
+    assert_eq!(contents(&mem, 2048, 952), vec![0; 952]);
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 6, receive side: a posted receive whose region was deregistered
+/// takes no SEND data; the receive completes with a local protection error
+/// and the peer gets NAK Remote Operational Error.
+#[test]
+fn receive_into_deregistered_region_is_refused() {
+    let (s, peer) = setup(87);
+    let mem = buf(4096);
+    let mr = s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(&RecvWr {
+        wr_id: 5,
+        sg_list: &[mr.sge(0, 64)],
+    })
+    .unwrap();
+    drop(mr);
+    peer.send(peer.req(Opcode::SendOnly, 100, true), b"intruder");
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (
+            Opcode::Acknowledge,
+            100,
+            Syndrome::NakRemoteOperationalError,
+            0
+        )
+    );
+    let wc = wait_wc(&s.rcq, T);
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::LocProtErr));
+    assert_eq!(contents(&mem, 0, 8), vec![0; 8]);
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 6, requester side: READ responses for a READ whose local target
+/// region was deregistered are not placed; the READ completes with a
+/// local protection error.
+#[test]
+fn read_response_into_deregistered_region_is_refused() {
+    let (s, peer) = setup(88);
+    let local = buf(4096);
+    let mr = s.pd.reg_mr(&local, AccessFlags::LOCAL_WRITE).unwrap();
+    s.qp.post_send(&SendWr {
+        wr_id: 6,
+        op: SendOp::RdmaRead {
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        },
+        sg_list: &[mr.sge(0, 100)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let (req, _) = peer.expect();
+    assert_eq!(req.bth.opcode, Opcode::ReadRequest);
+    drop(mr);
+    let mut r = peer.req(Opcode::ReadResponseOnly, req.bth.psn, false);
+    r.aeth = Some(AethRepr {
+        syndrome: Syndrome::ACK,
+        msn: 1,
+    });
+    peer.send(r, &[0xee; 100]);
+    let wc = wait_wc(&s.scq, T);
+    assert_eq!((wc.wr_id, wc.status), (6, WcStatus::LocProtErr));
+    assert_eq!(contents(&local, 0, 100), vec![0; 100]);
+    assert_eq!(s.qp.state(), QpState::Err);
+}
