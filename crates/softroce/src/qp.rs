@@ -192,7 +192,45 @@ struct PendingRead {
     mr: Option<Arc<MrEntry>>,
     boff: usize,
     len: usize,
+    /// MSN carried by the responses (the READ's own, IBA AETH MSN).
+    msn: u32,
 }
+
+/// A response the responder owes. The IBA RC responder answers requests
+/// in their PSN order (IBA vol. 1 §9.7, "responses in PSN order"): while a
+/// READ's responses still stream (at most READ_CHUNK packets per service
+/// pass), the ACKs, NAKs and atomic ACKs of later requests wait behind it
+/// here instead of overtaking it (a requester reads an ACK beyond an
+/// unanswered READ as a lost response, ACK-2, and re-requests it).
+enum Resp {
+    Read(PendingRead),
+    /// Coalesced ACK of everything up to `psn` (ACK-2).
+    Ack {
+        psn: u32,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+    },
+    /// A NAK; a `fatal` one moves the QP to ERR once it has been sent.
+    Nak {
+        psn: u32,
+        syn: Syndrome,
+        msn: u32,
+        fatal: bool,
+    },
+}
+
+/// Most responses a QP can owe: the READs and atomics within
+/// `max_dest_rd_atomic` plus their replays, and one ACK or NAK between any
+/// two of them (consecutive ACKs merge, repeated NAKs are not queued).
+const MAX_RESPONSES: usize = 4 * MAX_RD_ATOMIC + 4;
+
+/// Device limit of READ/atomic requests in progress per QP, both as
+/// requester (`max_rd_atomic`) and responder (`max_dest_rd_atomic`).
+pub(crate) const MAX_RD_ATOMIC: usize = 16;
 
 /// Where packets of this QP go.
 struct Path {
@@ -238,7 +276,10 @@ pub(crate) struct QpInner {
     nak_sent: bool,
     ack_pending: bool,
     rd_res: VecDeque<RdRes>,
-    pending_reads: VecDeque<PendingRead>,
+    /// Responses owed, in PSN order (see [`Resp`]).
+    responses: VecDeque<Resp>,
+    /// A fatal NAK waits in `responses`: requests are no longer executed.
+    resp_fatal: bool,
 }
 
 /// Per-call context: the QP, the transmit batch and deferred notifications.
@@ -428,8 +469,9 @@ impl QpInner {
             cur: None,
             nak_sent: false,
             ack_pending: false,
-            rd_res: VecDeque::new(),
-            pending_reads: VecDeque::new(),
+            rd_res: VecDeque::with_capacity(MAX_RD_ATOMIC),
+            responses: VecDeque::with_capacity(MAX_RESPONSES),
+            resp_fatal: false,
         }
     }
 
@@ -441,10 +483,11 @@ impl QpInner {
     }
 
     /// Work the engine must do without a packet or timer to trigger it:
-    /// only streaming READ responses. (The send queue advances on ACKs and
-    /// timers, which already run through the engine.)
+    /// only streaming READ responses (and what waits behind them). The send
+    /// queue advances on ACKs and timers, which already run through the
+    /// engine.
     fn has_work(&self) -> bool {
-        !self.pending_reads.is_empty()
+        !self.responses.is_empty()
     }
 
     // ----- completions and errors -------------------------------------
@@ -507,7 +550,7 @@ impl QpInner {
     fn flush(&mut self, ctx: &mut Ctx<'_>) {
         self.timer = None;
         self.rnr_until = None;
-        self.pending_reads.clear();
+        self.responses.clear();
         while let Some(w) = self.sq.pop_front() {
             self.complete_send(ctx, &w, WcStatus::WrFlushErr);
         }
@@ -1235,7 +1278,7 @@ impl QpInner {
                 self.timer = self.timeout.map(|t| now + t);
             }
         }
-        self.pump_reads(ctx);
+        self.pump_responses(ctx);
         self.pump(ctx);
     }
 
@@ -1283,7 +1326,8 @@ impl QpInner {
         }
     }
 
-    /// Sends a payload-less responder packet.
+    /// Sends a payload-less responder packet now (see [`Self::respond`]
+    /// for the order).
     fn send_response(&mut self, ctx: &mut Ctx<'_>, repr: &PacketRepr) {
         if let Some(path) = self.path.as_ref() {
             ctx.tx.packet(
@@ -1297,21 +1341,61 @@ impl QpInner {
         }
     }
 
-    fn send_ack(&mut self, ctx: &mut Ctx<'_>, psn: u32, syndrome: Syndrome) {
-        let repr = Self::response(
-            self.dest_qpn,
-            self.msn,
-            Opcode::Acknowledge,
-            psn,
-            Some(syndrome),
+    /// Owes `r` after every response owed so far (a new request's answer).
+    /// Sent at once when nothing is owed; consecutive ACKs merge into the
+    /// last (cumulative), and a NAK identical to the last one owed (an RNR
+    /// or sequence NAK for a retransmission) is not owed twice.
+    fn respond(&mut self, ctx: &mut Ctx<'_>, r: Resp) {
+        match (&r, self.responses.back_mut()) {
+            (Resp::Ack { psn, msn }, Some(Resp::Ack { psn: p, msn: m })) => {
+                (*p, *m) = (*psn, *msn);
+                return;
+            }
+            (Resp::Nak { psn, syn, .. }, Some(Resp::Nak { psn: p, syn: y, .. }))
+                if p == psn && y == syn =>
+            {
+                return
+            }
+            _ => {}
+        }
+        if self.responses.len() >= MAX_RESPONSES {
+            // Cannot happen within the bounds above; never grow without limit.
+            tracing::warn!(qpn = ctx.qp.qpn, "responder queue full, QP to ERR");
+            return self.enter_err(ctx);
+        }
+        self.responses.push_back(r);
+        self.pump_responses(ctx);
+    }
+
+    /// Owes `r` before everything owed so far: the answer to a duplicate,
+    /// whose PSN precedes every queued response.
+    fn respond_first(&mut self, ctx: &mut Ctx<'_>, r: Resp) {
+        if self.responses.len() >= MAX_RESPONSES {
+            tracing::warn!(qpn = ctx.qp.qpn, "responder queue full, QP to ERR");
+            return self.enter_err(ctx);
+        }
+        self.responses.push_front(r);
+        self.pump_responses(ctx);
+    }
+
+    fn send_nak(&mut self, ctx: &mut Ctx<'_>, psn: u32, syn: Syndrome) {
+        let msn = self.msn;
+        self.respond(
+            ctx,
+            Resp::Nak {
+                psn,
+                syn,
+                msn,
+                fatal: false,
+            },
         );
-        self.send_response(ctx, &repr);
     }
 
     fn flush_ack(&mut self, ctx: &mut Ctx<'_>) {
         if self.ack_pending {
             self.ack_pending = false;
-            self.send_ack(ctx, psn_add(self.epsn, PSN_MASK), Syndrome::ACK);
+            let (psn, msn) = (psn_add(self.epsn, PSN_MASK), self.msn);
+            self.respond(ctx, Resp::Ack { psn, msn });
         }
     }
 
@@ -1321,11 +1405,138 @@ impl QpInner {
     }
 
     /// A fatal responder error reported at `psn` (the READ response or
-    /// duplicate that failed rather than the expected PSN).
+    /// duplicate that failed rather than the expected PSN). The NAK leaves
+    /// after the responses owed for earlier PSNs; from now on no request is
+    /// executed, and the QP enters ERR once the NAK is sent.
     fn responder_error_at(&mut self, ctx: &mut Ctx<'_>, psn: u32, syn: Syndrome) {
         tracing::debug!(qpn = ctx.qp.qpn, psn, ?syn, "responder error");
-        self.send_ack(ctx, psn, syn);
-        self.enter_err(ctx);
+        self.resp_fatal = true;
+        let msn = self.msn;
+        let nak = Resp::Nak {
+            psn,
+            syn,
+            msn,
+            fatal: true,
+        };
+        if psn_diff(psn, self.epsn) < 0 && !self.responses.is_empty() {
+            // A duplicate's error: before the responses of later PSNs.
+            self.respond_first(ctx, nak);
+        } else {
+            self.respond(ctx, nak);
+        }
+    }
+
+    /// Sends owed responses from the front: READ responses up to
+    /// READ_CHUNK packets (C.7, SEG-5), everything else as it comes up.
+    fn pump_responses(&mut self, ctx: &mut Ctx<'_>) {
+        let mut budget = READ_CHUNK;
+        while budget > 0 {
+            let Some(front) = self.responses.front_mut() else {
+                return;
+            };
+            match front {
+                Resp::Read(r) => {
+                    let k = r.next;
+                    let n = r.npkts;
+                    let op = match (k == 0, k + 1 == n) {
+                        (true, true) => Opcode::ReadResponseOnly,
+                        (true, false) => Opcode::ReadResponseFirst,
+                        (false, true) => Opcode::ReadResponseLast,
+                        (false, false) => Opcode::ReadResponseMiddle,
+                    };
+                    let off = k as usize * self.mtu;
+                    let len = r.len.saturating_sub(off).min(self.mtu);
+                    let psn = psn_add(r.first_psn, k);
+                    let repr = Self::response(
+                        self.dest_qpn,
+                        r.msn,
+                        op,
+                        psn,
+                        op.has_aeth().then_some(Syndrome::ACK),
+                    );
+                    let (mr, boff) = (r.mr.clone(), r.boff + off);
+                    r.next += 1;
+                    if r.next >= n {
+                        self.responses.pop_front();
+                    }
+                    budget -= 1;
+                    let Some(path) = self.path.as_ref() else {
+                        continue;
+                    };
+                    let sent = ctx.tx.packet(
+                        &ctx.qp.dev,
+                        path_parts(path),
+                        &mut self.fault,
+                        &repr,
+                        len,
+                        |buf| match &mr {
+                            Some(mr) => match mr.enter() {
+                                Some(m) => {
+                                    m.read(boff, buf);
+                                    true
+                                }
+                                None => false,
+                            },
+                            None => true,
+                        },
+                    );
+                    if !sent {
+                        // Deregistered while its responses stream: not
+                        // one more byte of it leaves (item 6); this NAK is
+                        // the next response in PSN order.
+                        tracing::debug!(qpn = ctx.qp.qpn, psn, "READ region deregistered");
+                        let msn = self.msn;
+                        self.responses.push_front(Resp::Nak {
+                            psn,
+                            syn: Syndrome::NakRemoteAccessError,
+                            msn,
+                            fatal: true,
+                        });
+                        self.resp_fatal = true;
+                    }
+                }
+                Resp::Ack { psn, msn } => {
+                    let repr = Self::response(
+                        self.dest_qpn,
+                        *msn,
+                        Opcode::Acknowledge,
+                        *psn,
+                        Some(Syndrome::ACK),
+                    );
+                    self.responses.pop_front();
+                    self.send_response(ctx, &repr);
+                }
+                Resp::AtomicAck { psn, orig, msn } => {
+                    let repr = PacketRepr {
+                        atomic_ack: Some(*orig),
+                        ..Self::response(
+                            self.dest_qpn,
+                            *msn,
+                            Opcode::AtomicAcknowledge,
+                            *psn,
+                            Some(Syndrome::ACK),
+                        )
+                    };
+                    self.responses.pop_front();
+                    self.send_response(ctx, &repr);
+                }
+                Resp::Nak {
+                    psn,
+                    syn,
+                    msn,
+                    fatal,
+                } => {
+                    let fatal = *fatal;
+                    let repr =
+                        Self::response(self.dest_qpn, *msn, Opcode::Acknowledge, *psn, Some(*syn));
+                    self.responses.pop_front();
+                    self.send_response(ctx, &repr);
+                    if fatal {
+                        return self.enter_err(ctx);
+                    }
+                }
+            }
+        }
     }
 
     /// RK-C1: the region named by `rkey`, if `[va, va+len)` lies in it with
@@ -1350,7 +1561,9 @@ impl QpInner {
     }
 
     fn on_request(&mut self, ctx: &mut Ctx<'_>, p: &Parsed, pkt: &[u8]) {
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) || self.resp_fatal {
+            // Not receiving, or a fatal NAK is owed: the QP is about to
+            // enter ERR, nothing more is executed.
             return;
         }
         let bth = p.repr.bth;
@@ -1362,7 +1575,7 @@ impl QpInner {
             // PSN-4: NAK once, then drop until ePSN arrives.
             if !self.nak_sent {
                 self.nak_sent = true;
-                self.send_ack(ctx, self.epsn, Syndrome::NakPsnSeqError);
+                self.send_nak(ctx, self.epsn, Syndrome::NakPsnSeqError);
             }
             return;
         }
@@ -1413,7 +1626,7 @@ impl QpInner {
         if first {
             let Some(wqe) = self.rq.pop_front() else {
                 // No receive posted: RNR NAK, the requester retries later.
-                return self.send_ack(
+                return self.send_nak(
                     ctx,
                     self.epsn,
                     Syndrome::RnrNak {
@@ -1521,7 +1734,7 @@ impl QpInner {
             if first {
                 self.cur = None;
             }
-            return self.send_ack(
+            return self.send_nak(
                 ctx,
                 self.epsn,
                 Syndrome::RnrNak {
@@ -1604,76 +1817,22 @@ impl QpInner {
             va: reth.va,
             len,
         });
-        self.pending_reads.push_back(PendingRead {
-            first_psn: psn,
-            next: 0,
-            npkts,
-            mr,
-            boff,
-            len,
-        });
         self.nak_sent = false;
         self.epsn = psn_add(self.epsn, npkts);
         self.msn = psn_add(self.msn, 1);
-        self.pump_reads(ctx);
-    }
-
-    /// Emits up to READ_CHUNK read response packets (C.7, SEG-5).
-    fn pump_reads(&mut self, ctx: &mut Ctx<'_>) {
-        let mut budget = READ_CHUNK;
-        while budget > 0 {
-            let Some(r) = self.pending_reads.front_mut() else {
-                return;
-            };
-            let k = r.next;
-            let n = r.npkts;
-            let op = match (k == 0, k + 1 == n) {
-                (true, true) => Opcode::ReadResponseOnly,
-                (true, false) => Opcode::ReadResponseFirst,
-                (false, true) => Opcode::ReadResponseLast,
-                (false, false) => Opcode::ReadResponseMiddle,
-            };
-            let off = k as usize * self.mtu;
-            let len = r.len.saturating_sub(off).min(self.mtu);
-            let repr = Self::response(
-                self.dest_qpn,
-                self.msn,
-                op,
-                psn_add(r.first_psn, k),
-                op.has_aeth().then_some(Syndrome::ACK),
-            );
-            let (mr, boff) = (r.mr.clone(), r.boff + off);
-            let psn = psn_add(r.first_psn, k);
-            r.next += 1;
-            if r.next >= n {
-                self.pending_reads.pop_front();
-            }
-            if let Some(path) = self.path.as_ref() {
-                let sent = ctx.tx.packet(
-                    &ctx.qp.dev,
-                    path_parts(path),
-                    &mut self.fault,
-                    &repr,
-                    len,
-                    |buf| match &mr {
-                        Some(mr) => match mr.enter() {
-                            Some(m) => {
-                                m.read(boff, buf);
-                                true
-                            }
-                            None => false,
-                        },
-                        None => true,
-                    },
-                );
-                if !sent {
-                    // Deregistered while its responses stream: not one
-                    // more byte of it leaves (item 6).
-                    return self.responder_error_at(ctx, psn, Syndrome::NakRemoteAccessError);
-                }
-            }
-            budget -= 1;
-        }
+        let msn = self.msn;
+        self.respond(
+            ctx,
+            Resp::Read(PendingRead {
+                first_psn: psn,
+                next: 0,
+                npkts,
+                mr,
+                boff,
+                len,
+                msn,
+            }),
+        );
     }
 
     fn on_atomic(&mut self, ctx: &mut Ctx<'_>, p: &Parsed) {
@@ -1717,21 +1876,8 @@ impl QpInner {
         self.nak_sent = false;
         self.epsn = psn_add(self.epsn, 1);
         self.msn = psn_add(self.msn, 1);
-        self.send_atomic_ack(ctx, psn, orig);
-    }
-
-    fn send_atomic_ack(&mut self, ctx: &mut Ctx<'_>, psn: u32, orig: u64) {
-        let repr = PacketRepr {
-            atomic_ack: Some(orig),
-            ..Self::response(
-                self.dest_qpn,
-                self.msn,
-                Opcode::AtomicAcknowledge,
-                psn,
-                Some(Syndrome::ACK),
-            )
-        };
-        self.send_response(ctx, &repr);
+        let msn = self.msn;
+        self.respond(ctx, Resp::AtomicAck { psn, orig, msn });
     }
 
     /// PSN-3: duplicates are re-acknowledged, READs re-executed and atomics
@@ -1781,24 +1927,41 @@ impl QpInner {
                         }
                     }
                 };
-                self.pending_reads.retain(|q| q.first_psn != first_psn);
-                self.pending_reads.push_front(PendingRead {
-                    first_psn,
-                    next,
-                    npkts,
-                    mr,
-                    boff,
-                    len,
-                });
-                self.pump_reads(ctx);
+                // Still owed (partly sent): resend from the PSN asked for.
+                for r in self.responses.iter_mut() {
+                    if let Resp::Read(q) = r {
+                        if q.first_psn == first_psn {
+                            q.next = q.next.min(next);
+                            return;
+                        }
+                    }
+                }
+                let msn = self.msn;
+                self.respond_first(
+                    ctx,
+                    Resp::Read(PendingRead {
+                        first_psn,
+                        next,
+                        npkts,
+                        mr,
+                        boff,
+                        len,
+                        msn,
+                    }),
+                );
             }
             Opcode::CompareSwap | Opcode::FetchAdd => {
                 let saved = self.rd_res.iter().find_map(|r| match r {
                     RdRes::Atomic { psn: q, orig } if *q == psn => Some(*orig),
                     _ => None,
                 });
-                if let Some(orig) = saved {
-                    self.send_atomic_ack(ctx, psn, orig);
+                let owed = self
+                    .responses
+                    .iter()
+                    .any(|r| matches!(r, Resp::AtomicAck { psn: q, .. } if *q == psn));
+                if let (Some(orig), false) = (saved, owed) {
+                    let msn = self.msn;
+                    self.respond_first(ctx, Resp::AtomicAck { psn, orig, msn });
                 }
             }
             _ => self.ack_pending = true,

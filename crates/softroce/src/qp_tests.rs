@@ -10,7 +10,7 @@ use std::sync::Arc;
 use smc_verbs::{AccessFlags, Mr, Mtu, QpState, RdmaBuffer, WorkCompletion};
 
 use crate::harness::{Harness, HarnessQp, LOCAL};
-use crate::wire::{pad_for, BthRepr, Opcode, PacketRepr, RethRepr, Syndrome};
+use crate::wire::{pad_for, AtomicEthRepr, BthRepr, Opcode, PacketRepr, RethRepr, Syndrome};
 
 const PEER_QPN: u32 = 0x77;
 const SPORT: u16 = 50_000;
@@ -186,4 +186,129 @@ fn streaming_read_stops_at_deregistration() {
     );
     assert_eq!(q.qp.state(), QpState::Err);
     let _ = poll_all(&q);
+}
+
+fn write_only(dest_qp: u32, psn: u32, va: u64, rkey: u32, len: u32) -> PacketRepr {
+    PacketRepr {
+        reth: Some(RethRepr {
+            va,
+            rkey,
+            dma_len: len,
+        }),
+        ..req(dest_qp, Opcode::WriteOnly, psn, true)
+    }
+}
+
+fn fetch_add(dest_qp: u32, psn: u32, mr: &Mr, off: u64, add: u64) -> PacketRepr {
+    PacketRepr {
+        atomic: Some(AtomicEthRepr {
+            va: mr.addr() + off,
+            rkey: mr.rkey(),
+            swap_add: add,
+            compare: 0,
+        }),
+        ..req(dest_qp, Opcode::FetchAdd, psn, false)
+    }
+}
+
+/// What the device sent, as (opcode, PSN, syndrome if any).
+fn summary(out: &[(PacketRepr, Vec<u8>)]) -> Vec<(Opcode, u32, Option<Syndrome>)> {
+    out.iter()
+        .map(|(r, _)| (r.bth.opcode, r.bth.psn, r.aeth.map(|a| a.syndrome)))
+        .collect()
+}
+
+/// The responses a 1 MiB READ at PSN 100 (MTU 1024) must produce.
+fn read_responses() -> Vec<(Opcode, u32, Option<Syndrome>)> {
+    (0..1024u32)
+        .map(|k| {
+            let op = match k {
+                0 => Opcode::ReadResponseFirst,
+                1023 => Opcode::ReadResponseLast,
+                _ => Opcode::ReadResponseMiddle,
+            };
+            (op, 100 + k, op.has_aeth().then_some(Syndrome::ACK))
+        })
+        .collect()
+}
+
+/// Item 7: a READ longer than one service pass (64 packets) followed by
+/// SENDs, a fetch-and-add and more SENDs: every response leaves in PSN
+/// order (IBA §9.7.5.1.1), so the ACKs and the atomic ACK come after the
+/// READ's last response, never ahead of it.
+#[test]
+fn responses_leave_in_psn_order_behind_a_long_read() {
+    let (mut h, q) = setup(Mtu::Mtu1024, 4);
+    let qpn = q.qp.qpn();
+    let (_b, mr) = region(&q, 1 << 20, 0x11);
+    for i in 0..3 {
+        q.qp.post_recv(&smc_verbs::RecvWr {
+            wr_id: i,
+            sg_list: &[mr.sge(4096 * i as usize, 64)],
+        })
+        .unwrap();
+    }
+    let mut out = Vec::new();
+    feed(&mut h, read_req(qpn, 100, &mr, 0, 1 << 20), &[]);
+    feed(&mut h, req(qpn, Opcode::SendOnly, 1124, true), b"one");
+    feed(&mut h, req(qpn, Opcode::SendOnly, 1125, true), b"two");
+    feed(&mut h, fetch_add(qpn, 1126, &mr, 8192, 1), &[]);
+    feed(&mut h, req(qpn, Opcode::SendOnly, 1127, true), b"three");
+    drain(&mut h, &mut out);
+    let mut want = read_responses();
+    want.push((Opcode::Acknowledge, 1125, Some(Syndrome::ACK)));
+    want.push((Opcode::AtomicAcknowledge, 1126, Some(Syndrome::ACK)));
+    want.push((Opcode::Acknowledge, 1127, Some(Syndrome::ACK)));
+    let got = summary(&out);
+    let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
+    assert!(
+        got == want,
+        "{} packets, first difference at {first_diff:?}: {:?}",
+        got.len(),
+        first_diff.map(|i| (&got[i], &want[i]))
+    );
+    assert_eq!(q.qp.state(), QpState::Rts);
+}
+
+/// Item 7: a request that gets a fatal NAK behind a long READ: the READ's
+/// responses all leave first, then the NAK, then the QP is in ERR (and
+/// nothing after the bad request is executed).
+#[test]
+fn fatal_nak_waits_for_the_read_before_it() {
+    let (mut h, q) = setup(Mtu::Mtu1024, 4);
+    let qpn = q.qp.qpn();
+    let (b, mr) = region(&q, 1 << 20, 0x11);
+    let mut out = Vec::new();
+    feed(&mut h, read_req(qpn, 100, &mr, 0, 1 << 20), &[]);
+    // R_Key that names nothing: NAK Remote Access Error at 1124.
+    feed(
+        &mut h,
+        write_only(qpn, 1124, mr.addr(), mr.rkey() ^ 0x100, 8),
+        &[0x22; 8],
+    );
+    // Must not be executed: the QP is about to enter ERR.
+    feed(
+        &mut h,
+        write_only(qpn, 1125, mr.addr(), mr.rkey(), 8),
+        &[0x33; 8],
+    );
+    drain(&mut h, &mut out);
+    let mut want = read_responses();
+    want.push((
+        Opcode::Acknowledge,
+        1124,
+        Some(Syndrome::NakRemoteAccessError),
+    ));
+    let got = summary(&out);
+    let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
+    assert!(
+        got == want,
+        "{} packets, first difference at {first_diff:?}: {:?}",
+        got.len(),
+        first_diff.map(|i| (&got[i], &want[i]))
+    );
+    assert_eq!(q.qp.state(), QpState::Err);
+    let mut first = [0u8; 8];
+    b.read(0, &mut first);
+    assert_eq!(first, [0x11; 8]);
 }

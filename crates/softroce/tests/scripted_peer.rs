@@ -564,3 +564,152 @@ fn read_response_into_deregistered_region_is_refused() {
     assert_eq!(contents(&local, 0, 100), vec![0; 100]);
     assert_eq!(s.qp.state(), QpState::Err);
 }
+
+/// `psns` must be `first, first + 1, ..` (`n` of them); the message names
+/// the first packet out of place instead of printing a thousand PSNs.
+fn assert_psns(psns: &[u32], first: u32, n: u32) {
+    let bad = (0..n as usize).find(|&i| psns.get(i) != Some(&(first + i as u32)));
+    assert!(
+        bad.is_none() && psns.len() == n as usize,
+        "{} READ responses before the next response, want {n}; first out of place at index {bad:?}: {:?}",
+        psns.len(),
+        bad.and_then(|i| psns.get(i))
+    );
+}
+
+impl Peer {
+    /// Room for a whole 1 MiB READ's responses (SO_RCVBUFFORCE needs root,
+    /// as the test suite runs; else as much as rmem_max allows). Returns
+    /// the READ length the buffer can hold without loss.
+    fn room_for_long_read(&self) -> u32 {
+        use std::os::fd::AsRawFd;
+        let want: libc::c_int = 4 << 20;
+        for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+            // SAFETY: a valid int option value of the stated size.
+            let rc = unsafe {
+                libc::setsockopt(
+                    self.sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &want as *const libc::c_int as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+        }
+        let got = socket2::SockRef::from(&self.sock)
+            .recv_buffer_size()
+            .unwrap_or(0);
+        // Each 1 KiB response costs about 2 KiB of socket buffer.
+        if got >= 3 << 20 {
+            1 << 20
+        } else {
+            128 << 10
+        }
+    }
+}
+
+/// Item 7 against the live device: a long READ (1 MiB, 1024 responses at
+/// MTU 1024, many service passes) pipelined with two SENDs. Every READ
+/// response leaves before any ACK (responses in PSN order, IBA §9.7.5.1.1),
+/// and the SENDs are acknowledged after it.
+#[test]
+fn long_read_pipelined_with_sends_keeps_psn_order() {
+    let (s, peer) = setup(89);
+    let len = peer.room_for_long_read();
+    let n = len / 1024;
+    let mem = buf(len as usize);
+    fill_pattern(&mem, 89);
+    let mr =
+        s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    for i in 0..2 {
+        s.qp.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: &[mr.sge(64 * i as usize, 64)],
+        })
+        .unwrap();
+    }
+    let mut rd = peer.req(Opcode::ReadRequest, 100, false);
+    rd.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: len,
+    });
+    peer.send(rd, &[]);
+    peer.send(peer.req(Opcode::SendOnly, 100 + n, true), b"one");
+    peer.send(peer.req(Opcode::SendOnly, 101 + n, true), b"two");
+    let mut got = Vec::new();
+    loop {
+        let (r, _) = peer.expect();
+        let done = r.bth.opcode == Opcode::Acknowledge && r.bth.psn == 101 + n;
+        got.push((r.bth.opcode, r.bth.psn, r.aeth.map(|a| a.syndrome)));
+        if done {
+            break;
+        }
+    }
+    let reads: Vec<u32> = got
+        .iter()
+        .take_while(|g| g.0 != Opcode::Acknowledge)
+        .map(|g| g.1)
+        .collect();
+    assert_psns(&reads, 100, n);
+    for g in &got[n as usize..] {
+        assert_eq!((g.0, g.2), (Opcode::Acknowledge, Some(Syndrome::ACK)));
+    }
+    peer.silence();
+    assert_eq!(s.qp.state(), QpState::Rts);
+}
+
+/// Item 7 against the live device: a long READ followed by a WRITE with an
+/// unknown R_Key. The READ is answered in full, then comes the NAK Remote
+/// Access Error for the WRITE, and only then is the QP in ERR.
+#[test]
+fn long_read_then_fatal_request_keeps_psn_order() {
+    let (s, peer) = setup(90);
+    let len = peer.room_for_long_read();
+    let n = len / 1024;
+    let mem = buf(len as usize);
+    let mr =
+        s.pd.reg_mr(
+            &mem,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let mut rd = peer.req(Opcode::ReadRequest, 100, false);
+    rd.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: len,
+    });
+    peer.send(rd, &[]);
+    let mut wr = peer.req(Opcode::WriteOnly, 100 + n, true);
+    wr.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey() ^ 0x100,
+        dma_len: 4,
+    });
+    peer.send(wr, b"evil");
+    let mut reads = Vec::new();
+    let last = loop {
+        let (r, _) = peer.expect();
+        if r.bth.opcode == Opcode::Acknowledge {
+            break r;
+        }
+        reads.push(r.bth.psn);
+    };
+    assert_psns(&reads, 100, n);
+    assert_eq!(
+        ack_of(&last),
+        (
+            Opcode::Acknowledge,
+            100 + n,
+            Syndrome::NakRemoteAccessError,
+            1
+        )
+    );
+    peer.silence();
+    assert_eq!(s.qp.state(), QpState::Err);
+}
