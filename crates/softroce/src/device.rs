@@ -776,7 +776,7 @@ pub(crate) fn open_inner(
         max_cqe: 1 << 20,
         max_mr: 1 << 16,
         max_inline_data: crate::qp::MAX_INLINE as u32,
-        max_qp_rd_atom: 16,
+        max_qp_rd_atom: crate::qp::MAX_RD_ATOMIC as u8,
     };
     let rx_slot = if gso { 65_536 } else { SLOT };
     let shared = Arc::new(DevShared {

@@ -1780,16 +1780,31 @@ impl QpInner {
         }
     }
 
+    /// Saves a READ/atomic for duplicate replay. The last MAX_RD_ATOMIC
+    /// are kept, at least `max_dest_rd_atomic`: a requester within its
+    /// `max_rd_atomic` only ever retries one of those.
     fn rd_res_push(&mut self, r: RdRes) {
-        let cap = (self.max_dest_rd_atomic as usize).max(16);
-        if self.rd_res.len() >= cap {
+        if self.rd_res.len() >= MAX_RD_ATOMIC {
             self.rd_res.pop_front();
         }
         self.rd_res.push_back(r);
     }
 
+    /// A new READ or atomic may start only while fewer than
+    /// `max_dest_rd_atomic` are in progress, i.e. still owe responses
+    /// (the responder resources; CHECKLIST C.7: NAK Invalid Request on
+    /// overflow). This also bounds what a peer can make us queue.
+    fn rd_atomic_allowed(&self) -> bool {
+        let in_progress = self
+            .responses
+            .iter()
+            .filter(|r| matches!(r, Resp::Read(_) | Resp::AtomicAck { .. }))
+            .count();
+        in_progress < self.max_dest_rd_atomic as usize
+    }
+
     fn on_read_request(&mut self, ctx: &mut Ctx<'_>, p: &Parsed) {
-        if self.cur.is_some() {
+        if self.cur.is_some() || !self.rd_atomic_allowed() {
             return self.responder_error(ctx, Syndrome::NakInvalidRequest);
         }
         let Some(reth) = p.repr.reth else { return };
@@ -1836,7 +1851,7 @@ impl QpInner {
     }
 
     fn on_atomic(&mut self, ctx: &mut Ctx<'_>, p: &Parsed) {
-        if self.cur.is_some() {
+        if self.cur.is_some() || !self.rd_atomic_allowed() {
             return self.responder_error(ctx, Syndrome::NakInvalidRequest);
         }
         let Some(a) = p.repr.atomic else { return };
@@ -1901,7 +1916,7 @@ impl QpInner {
                     RdRes::Atomic { .. } => None,
                 });
                 let Some((first_psn, next, npkts, rkey, va, len)) = saved else {
-                    return;
+                    return self.unknown_duplicate(ctx, psn);
                 };
                 // Re-executed from memory (C.7), but only after the R_Key
                 // is looked up and checked again for the part still to
@@ -1959,13 +1974,45 @@ impl QpInner {
                     .responses
                     .iter()
                     .any(|r| matches!(r, Resp::AtomicAck { psn: q, .. } if *q == psn));
-                if let (Some(orig), false) = (saved, owed) {
-                    let msn = self.msn;
-                    self.respond_first(ctx, Resp::AtomicAck { psn, orig, msn });
+                match (saved, owed) {
+                    (Some(orig), false) => {
+                        let msn = self.msn;
+                        self.respond_first(ctx, Resp::AtomicAck { psn, orig, msn });
+                    }
+                    (None, _) => self.unknown_duplicate(ctx, psn),
+                    (Some(_), true) => {}
                 }
             }
             _ => self.ack_pending = true,
         }
+    }
+
+    /// A duplicate READ or atomic we keep no record of (older than the
+    /// last MAX_RD_ATOMIC, so from a requester that exceeded our
+    /// `max_dest_rd_atomic`, or a late network duplicate of a long
+    /// completed request). Never executed again (PSN-3: an atomic must not
+    /// run twice). rxe drops it silently (IBA class D), which leaves a
+    /// requester that really waits for it retrying until its retry count
+    /// runs out, forever with rxe's retry_cnt 7; we answer NAK Invalid
+    /// Request at its PSN so that requester fails at once. Our QP stays up:
+    /// a requester not waiting for that PSN ignores the NAK, and a stale
+    /// duplicate must not kill a working connection.
+    fn unknown_duplicate(&mut self, ctx: &mut Ctx<'_>, psn: u32) {
+        tracing::debug!(
+            qpn = ctx.qp.qpn,
+            psn,
+            "duplicate READ/atomic without a saved resource"
+        );
+        let msn = self.msn;
+        self.respond_first(
+            ctx,
+            Resp::Nak {
+                psn,
+                syn: Syndrome::NakInvalidRequest,
+                msn,
+                fatal: false,
+            },
+        );
     }
 
     // ----- state machine -------------------------------------------------
@@ -2020,6 +2067,11 @@ impl QpOps for SoftQp {
         if attr.dest_qpn > smc_verbs::QPN_MASK || attr.rq_psn > PSN_MASK {
             return Err(VerbsError::InvalidArgument("QPN or PSN exceeds 24 bits"));
         }
+        if attr.max_dest_rd_atomic as usize > MAX_RD_ATOMIC {
+            return Err(VerbsError::InvalidArgument(
+                "max_dest_rd_atomic exceeds the device's max_qp_rd_atom",
+            ));
+        }
         let dev = &self.shared.dev;
         let local = dev.attr.local_addr;
         let peer_ip = attr.ah.dgid.to_ip();
@@ -2059,7 +2111,12 @@ impl QpOps for SoftQp {
         })
     }
     fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
-        if attr.sq_psn > PSN_MASK || attr.retry_cnt > 7 || attr.rnr_retry > 7 || attr.timeout > 31 {
+        if attr.sq_psn > PSN_MASK
+            || attr.retry_cnt > 7
+            || attr.rnr_retry > 7
+            || attr.timeout > 31
+            || attr.max_rd_atomic as usize > MAX_RD_ATOMIC
+        {
             return Err(VerbsError::InvalidArgument("RTS attribute out of range"));
         }
         self.shared.run(|i, ctx| {

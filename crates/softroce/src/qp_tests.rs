@@ -312,3 +312,104 @@ fn fatal_nak_waits_for_the_read_before_it() {
     b.read(0, &mut first);
     assert_eq!(first, [0x11; 8]);
 }
+
+fn zero_read(dest_qp: u32, psn: u32, mr: &Mr) -> PacketRepr {
+    read_req(dest_qp, psn, mr, 0, 0)
+}
+
+/// Item 8: `max_dest_rd_atomic` READ/atomic requests in progress at most
+/// (IBA responder resources; CHECKLIST C.7): one more is answered with NAK
+/// Invalid Request, after the responses owed before it, and the QP enters
+/// ERR. So the READs a peer can queue are bounded.
+#[test]
+fn responder_resources_are_enforced() {
+    let (mut h, q) = setup(Mtu::Mtu1024, 2);
+    let qpn = q.qp.qpn();
+    let (_b, mr) = region(&q, 1 << 20, 0x11);
+    let mut out = Vec::new();
+    // Two long READs in progress (the second queued), a third is one too many.
+    feed(&mut h, read_req(qpn, 100, &mr, 0, 1 << 20), &[]);
+    feed(&mut h, read_req(qpn, 1124, &mr, 0, 1 << 20), &[]);
+    feed(&mut h, fetch_add(qpn, 2148, &mr, 0, 1), &[]);
+    drain(&mut h, &mut out);
+    let got = summary(&out);
+    assert_eq!(got.len(), 2049, "two READs answered in full, then one NAK");
+    assert!(got[..2048]
+        .iter()
+        .enumerate()
+        .all(|(i, g)| g.1 == 100 + i as u32 && g.0 != Opcode::Acknowledge));
+    assert_eq!(
+        got[2048],
+        (Opcode::Acknowledge, 2148, Some(Syndrome::NakInvalidRequest))
+    );
+    assert_eq!(q.qp.state(), QpState::Err);
+    let mut word = [0u8; 8];
+    _b.read(0, &mut word);
+    assert_eq!(word, [0x11; 8], "the refused atomic was executed");
+}
+
+/// Item 8: with `max_dest_rd_atomic` 0 the QP takes no READ or atomic.
+#[test]
+fn no_responder_resources_no_reads() {
+    let (mut h, q) = setup(Mtu::Mtu1024, 0);
+    let (_b, mr) = region(&q, 4096, 0x11);
+    let mut out = Vec::new();
+    feed(&mut h, zero_read(q.qp.qpn(), 100, &mr), &[]);
+    drain(&mut h, &mut out);
+    assert_eq!(
+        summary(&out),
+        [(Opcode::Acknowledge, 100, Some(Syndrome::NakInvalidRequest))]
+    );
+    assert_eq!(q.qp.state(), QpState::Err);
+}
+
+/// Item 8: RTR rejects more responder resources than the device has
+/// (`DeviceAttr::max_qp_rd_atom`), as ibverbs does (EINVAL).
+#[test]
+fn responder_resources_beyond_the_device_limit_are_rejected() {
+    let h = Harness::new(Mtu::Mtu1024).unwrap();
+    let max = h.dev.attr().max_qp_rd_atom;
+    assert!(h.qp(PEER_QPN, 100, 500, max).is_ok());
+    assert!(matches!(
+        h.qp(PEER_QPN, 100, 500, max + 1),
+        Err(smc_verbs::VerbsError::InvalidArgument(_))
+    ));
+}
+
+/// Item 8: a duplicate atomic whose saved result is gone (more READ/atomic
+/// requests came after it than the responder keeps results for) is
+/// answered with NAK Invalid Request at its PSN instead of silence (after
+/// which a requester retries forever with rxe's infinite retry_cnt 7);
+/// the QP itself stays up, because a late network duplicate of a long
+/// completed atomic looks the same. It is never executed twice.
+#[test]
+fn duplicate_atomic_without_saved_result_is_nakked() {
+    let (mut h, q) = setup(Mtu::Mtu1024, 2);
+    let qpn = q.qp.qpn();
+    let (b, mr) = region(&q, 4096, 0);
+    let mut out = Vec::new();
+    feed(&mut h, fetch_add(qpn, 100, &mr, 0, 5), &[]);
+    for i in 0..40 {
+        feed(&mut h, zero_read(qpn, 101 + i, &mr), &[]);
+    }
+    drain(&mut h, &mut out);
+    assert_eq!(out.len(), 41);
+    out.clear();
+    feed(&mut h, fetch_add(qpn, 100, &mr, 0, 5), &[]);
+    drain(&mut h, &mut out);
+    assert_eq!(
+        summary(&out),
+        [(Opcode::Acknowledge, 100, Some(Syndrome::NakInvalidRequest))]
+    );
+    assert_eq!(q.qp.state(), QpState::Rts);
+    let mut word = [0u8; 8];
+    b.read(0, &mut word);
+    assert_eq!(u64::from_ne_bytes(word), 5);
+    // A recent one is still replayed from its saved result.
+    out.clear();
+    feed(&mut h, fetch_add(qpn, 141, &mr, 0, 5), &[]);
+    feed(&mut h, fetch_add(qpn, 141, &mr, 0, 5), &[]);
+    drain(&mut h, &mut out);
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|(r, _)| r.atomic_ack == Some(5)));
+}
