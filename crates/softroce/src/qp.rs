@@ -43,6 +43,10 @@ const WINDOW: i32 = 256;
 /// window shrinks on loss (NAK sequence error, ACK timeout) and grows back
 /// by one packet per acknowledged packet batch (AIMD).
 const MIN_WINDOW: i32 = 8;
+/// Most packets (PSNs) one message may span: half the 2^23 PSN comparison
+/// window, leaving ample room for the send window (1 GiB at path MTU 256,
+/// the whole 2 GiB IBA maximum from MTU 512 up).
+const MAX_MSG_PKTS: u64 = 1 << 22;
 /// Inside long messages, AckReq is set every this many packets (ACK-3).
 const ACK_EVERY: u32 = 64;
 /// Read response packets one service pass emits per QP.
@@ -660,6 +664,16 @@ impl QpInner {
             }
             if len > (1u64 << 31) {
                 return Err(VerbsError::InvalidArgument("message longer than 2 GiB"));
+            }
+            // PSN-1: PSNs compare in a 2^23 window. A message's packets,
+            // plus the send window before them, must fit in it, or a
+            // retransmission (go-back-N to a PSN inside the message) could
+            // not be placed and the QP would hang. IBA's 2 GiB maximum at
+            // path MTU 256 is exactly 2^23 packets.
+            if len.div_ceil(self.mtu as u64) > MAX_MSG_PKTS {
+                return Err(VerbsError::InvalidArgument(
+                    "message spans more than 2^22 packets at this path MTU",
+                ));
             }
         }
         let dev = ctx.qp.dev.clone();

@@ -106,15 +106,19 @@ impl Peer {
 }
 
 fn setup(net: u8) -> (Side, Peer) {
+    setup_mtu(net, Mtu::Mtu1024)
+}
+
+fn setup_mtu(net: u8, mtu: Mtu) -> (Side, Peer) {
     let dev = device(net, 1, &Config::default());
     let o = Opts {
-        mtu: Mtu::Mtu1024,
+        mtu,
         ..Opts::default()
     };
     let s = side(&dev, &o, 500);
     let me = Ipv4Addr::new(127, 86, net, 2);
     s.qp.modify_to_rtr(&RtrAttr {
-        path_mtu: Mtu::Mtu1024,
+        path_mtu: mtu,
         dest_qpn: PEER_QPN,
         rq_psn: 100,
         ah: AddressHandle::to_gid(Gid::from_ip(IpAddr::V4(me))),
@@ -712,4 +716,50 @@ fn long_read_then_fatal_request_keeps_psn_order() {
     );
     peer.silence();
     assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 8: a message must fit the PSN window. IBA compares PSNs in a 2^23
+/// window (CHECKLIST PSN-1); a 2 GiB message at path MTU 256 spans 2^23
+/// PSNs, so a retransmission could not find its place in it (a lost packet
+/// would hang the QP). post_send refuses messages of more than 2^22
+/// packets; 1 GiB at MTU 256 (2^22 packets) is still fine.
+#[test]
+fn messages_beyond_the_psn_window_are_refused() {
+    let (s, peer) = setup_mtu(91, Mtu::Mtu256);
+    let big = buf(1 << 31);
+    let mr = s.pd.reg_mr(&big, AccessFlags::LOCAL_WRITE).unwrap();
+    let ops = [
+        SendOp::RdmaRead {
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        },
+        SendOp::RdmaWrite {
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        },
+        SendOp::Send,
+    ];
+    for op in ops {
+        let r = s.qp.post_send(&SendWr {
+            wr_id: 1,
+            op,
+            sg_list: &[mr.sge(0, 1 << 31)],
+            flags: SendFlags::SIGNALED,
+        });
+        assert!(
+            matches!(r, Err(VerbsError::InvalidArgument(_))),
+            "{op:?} of 2 GiB at MTU 256: {r:?}"
+        );
+    }
+    peer.silence();
+    s.qp.post_send(&SendWr {
+        wr_id: 2,
+        op: ops[0],
+        sg_list: &[mr.sge(0, 1 << 30)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let (r, _) = peer.expect();
+    assert_eq!(r.bth.opcode, Opcode::ReadRequest);
+    assert_eq!(r.reth.map(|x| x.dma_len), Some(1 << 30));
 }
