@@ -682,6 +682,16 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> bool {
     }
 }
 
+/// The largest IBA path MTU whose biggest packet fits a netdev MTU of
+/// `netdev_mtu` bytes (Mtu256 if none does).
+fn active_mtu_for(netdev_mtu: usize, ipv4: bool) -> Mtu {
+    // RoCEv2 overhead of the largest packet, a WRITE Only with immediate:
+    // IP (20/40) + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 + ICRC 4 (a full
+    // payload needs no pad: every IBA MTU is a multiple of 4).
+    let overhead = if ipv4 { 20 } else { 40 } + 8 + 12 + 16 + 4 + 4;
+    Mtu::largest_fitting(netdev_mtu.saturating_sub(overhead)).unwrap_or(Mtu::Mtu256)
+}
+
 /// Opens a device bound to `local` and starts its engine.
 pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
     open_inner(local, config, true).map(|(d, _)| d)
@@ -750,9 +760,7 @@ pub(crate) fn open_inner(
         Some((n, m, mac)) => (Some(n), m, mac),
         None => (None, 1500, None),
     };
-    // RoCEv2 overhead: IP (20/40) + UDP 8 + BTH 12 + RETH 16 + ICRC 4.
-    let overhead = if local.is_ipv4() { 20 } else { 40 } + 8 + 12 + 16 + 4;
-    let mut active_mtu = Mtu::largest_fitting(mtu.saturating_sub(overhead)).unwrap_or(Mtu::Mtu256);
+    let mut active_mtu = active_mtu_for(mtu, local.is_ipv4());
     if let Some(cap) = config.max_mtu {
         active_mtu = active_mtu.min(cap);
     }
@@ -1132,5 +1140,63 @@ pub(crate) fn handle_packet(
     qp.on_packet(&parsed, pkt, src);
     if !touched.iter().any(|t| Arc::ptr_eq(t, &qp)) {
         touched.push(qp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{BthRepr, Opcode, RethRepr};
+
+    /// The largest packet of each path MTU: a WRITE Only with immediate
+    /// (BTH + RETH + ImmDt + a full payload + ICRC), in an IP packet.
+    fn largest_packet(mtu: Mtu, ipv4: bool) -> usize {
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::WriteOnlyImm,
+                se: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: 0xffff,
+                resv8a: 0,
+                dest_qp: 17,
+                ack_req: true,
+                resv7: 0,
+                psn: 0,
+            },
+            reth: Some(RethRepr {
+                va: 0,
+                rkey: 0,
+                dma_len: 0,
+            }),
+            aeth: None,
+            imm: Some(0),
+            atomic: None,
+            atomic_ack: None,
+        };
+        let ip = if ipv4 { 20 } else { 40 };
+        ip + 8 + repr.buffer_len(mtu.bytes())
+    }
+
+    /// Item 8: every packet of the chosen path MTU fits the netdev MTU,
+    /// including the 4-byte ImmDt (else sending fails with EMSGSIZE: the
+    /// sockets set DF); the next MTU up does not.
+    #[test]
+    fn path_mtu_fits_the_largest_packet() {
+        for ipv4 in [true, false] {
+            for mtu in Mtu::ALL {
+                let need = largest_packet(mtu, ipv4);
+                assert_eq!(active_mtu_for(need, ipv4), mtu, "netdev MTU {need}");
+                if mtu > Mtu::Mtu256 {
+                    assert!(
+                        active_mtu_for(need - 1, ipv4) < mtu,
+                        "netdev MTU {} gives {mtu:?}, whose WRITE with immediate needs {need}",
+                        need - 1
+                    );
+                }
+            }
+            assert_eq!(active_mtu_for(1500, ipv4), Mtu::Mtu1024);
+            assert_eq!(active_mtu_for(65_536, ipv4), Mtu::Mtu4096);
+        }
     }
 }
