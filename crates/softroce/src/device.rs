@@ -7,7 +7,7 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -78,6 +78,9 @@ pub struct Stats {
     /// Packets received by application threads waiting in `Cq::wait`
     /// (the rest the engine thread received).
     pub rx_by_waiters: AtomicU64,
+    /// QPs that could not get a socket (and UDP source port) of their own
+    /// and send from the device's socket instead.
+    pub qp_socket_errors: AtomicU64,
 }
 
 /// A batch of outgoing packets.
@@ -85,8 +88,14 @@ pub(crate) struct TxBatch {
     bufs: Box<[[u8; SLOT]]>,
     lens: [usize; BATCH],
     dsts: Vec<Option<SockAddr>>,
+    /// The socket each packet leaves by (its QP's, see [`QpSocket`]).
+    fds: [RawFd; BATCH],
     n: usize,
 }
+
+/// Where one packet goes: destination, IP header fields for the ICRC,
+/// source and destination UDP ports, and the socket that sends it.
+pub(crate) type TxPath<'a> = (&'a SockAddr, &'a IpInfo, u16, u16, RawFd);
 
 impl TxBatch {
     fn new() -> TxBatch {
@@ -94,6 +103,7 @@ impl TxBatch {
             bufs: vec![[0u8; SLOT]; BATCH].into_boxed_slice(),
             lens: [0; BATCH],
             dsts: (0..BATCH).map(|_| None).collect(),
+            fds: [-1; BATCH],
             n: 0,
         }
     }
@@ -105,8 +115,9 @@ impl TxBatch {
         self.n
     }
 
-    fn commit(&mut self, i: usize, len: usize, dst: &SockAddr) {
+    fn commit(&mut self, i: usize, len: usize, dst: &SockAddr, fd: RawFd) {
         self.lens[i] = len;
+        self.fds[i] = fd;
         match &mut self.dsts[i] {
             Some(d) if d == dst => {}
             d => *d = Some(dst.clone()),
@@ -115,13 +126,13 @@ impl TxBatch {
     }
 
     /// Queues a copy of an already built packet.
-    pub(crate) fn push_raw(&mut self, pkt: &[u8], dst: &SockAddr, dev: &DevShared) {
+    pub(crate) fn push_raw(&mut self, pkt: &[u8], dst: &SockAddr, fd: RawFd, dev: &DevShared) {
         if pkt.len() > SLOT {
             return;
         }
         let i = self.next_slot(dev);
         self.bufs[i][..pkt.len()].copy_from_slice(pkt);
-        self.commit(i, pkt.len(), dst);
+        self.commit(i, pkt.len(), dst, fd);
     }
 
     /// Builds one packet in place: headers from `repr`, `payload_len`
@@ -131,7 +142,7 @@ impl TxBatch {
     pub(crate) fn packet(
         &mut self,
         dev: &DevShared,
-        (dst, ip, sport, dport): (&SockAddr, &IpInfo, u16, u16),
+        (dst, ip, sport, dport, fd): TxPath<'_>,
         fault: &mut Option<FaultState>,
         repr: &PacketRepr,
         payload_len: usize,
@@ -158,18 +169,18 @@ impl TxBatch {
         let fate = fault.as_mut().map(|f| f.decide()).unwrap_or(Fate::Send);
         match fate {
             Fate::Send => {
-                self.commit(i, total, dst);
+                self.commit(i, total, dst, fd);
                 if let Some(held) = fault.as_mut().and_then(|f| f.held.take()) {
-                    self.push_raw(&held, dst, dev);
+                    self.push_raw(&held, dst, fd, dev);
                 }
             }
             Fate::Drop => {
                 dev.stats.fault_dropped.fetch_add(1, Ordering::Relaxed);
             }
             Fate::Duplicate => {
-                self.commit(i, total, dst);
+                self.commit(i, total, dst, fd);
                 let copy: Vec<u8> = self.bufs[i][..total].to_vec();
-                self.push_raw(&copy, dst, dev);
+                self.push_raw(&copy, dst, fd, dev);
             }
             Fate::Hold => {
                 if let Some(f) = fault.as_mut() {
@@ -196,7 +207,10 @@ impl TxBatch {
             // equal-sized packets to the same peer (the last may be shorter).
             let mut m = 0;
             let mut i = start;
-            while i < self.n {
+            // One sendmmsg per socket: packets of one QP leave by its own
+            // socket (a batch normally holds one QP's packets).
+            let fd = self.fds[start];
+            while i < self.n && self.fds[i] == fd {
                 let Some(dst) = self.dsts[i].as_ref() else {
                     i += 1;
                     continue;
@@ -206,6 +220,7 @@ impl TxBatch {
                 if dev.gso {
                     while j < self.n
                         && j - i < GSO_MAX_SEGS
+                        && self.fds[j] == fd
                         && self.dsts[j].as_ref() == Some(dst)
                         && self.lens[j] <= seg
                         && (j - i + 1) * seg <= GSO_MAX_BYTES
@@ -249,11 +264,19 @@ impl TxBatch {
                 i = j;
             }
             if m == 0 {
+                if i > start && i < self.n {
+                    // Only unaddressed slots for this socket: next socket.
+                    start = i;
+                    continue;
+                }
                 break;
             }
             // SAFETY: `hdrs[..m]` point at live buffers, iovecs, control
-            // buffers and socket addresses owned by `self`/this frame.
-            let r = unsafe { libc::sendmmsg(dev.sock.as_raw_fd(), hdrs.as_mut_ptr(), m as u32, 0) };
+            // buffers and socket addresses owned by `self`/this frame. `fd`
+            // is the sending socket of the QP whose `run` queued these
+            // packets (or the device's); `run` flushes before it returns,
+            // while it borrows that QP, which owns the socket.
+            let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), m as u32, 0) };
             let sent = if r <= 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -682,30 +705,28 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> bool {
     }
 }
 
-/// The largest IBA path MTU whose biggest packet fits a netdev MTU of
-/// `netdev_mtu` bytes (Mtu256 if none does).
-fn active_mtu_for(netdev_mtu: usize, ipv4: bool) -> Mtu {
-    // RoCEv2 overhead of the largest packet, a WRITE Only with immediate:
-    // IP (20/40) + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 + ICRC 4 (a full
-    // payload needs no pad: every IBA MTU is a multiple of 4).
-    let overhead = if ipv4 { 20 } else { 40 } + 8 + 12 + 16 + 4 + 4;
-    Mtu::largest_fitting(netdev_mtu.saturating_sub(overhead)).unwrap_or(Mtu::Mtu256)
+/// A QP's own sending socket: UDP on `local`, an ephemeral source port
+/// chosen by the kernel. Linux rxe gives each QP its own source port (a
+/// hash of the QPN above 0xC000) so that ECMP spreads QPs over paths;
+/// receivers take RoCEv2 by destination port 4791 whatever the source.
+/// Unconnected and DF set like the device socket: Linux then sends IPv4 ID
+/// 0, which our ICRC assumes (verifiers.md fact 6). Nothing is received on
+/// it (peers send to 4791), so its receive buffer is minimal.
+pub(crate) fn qp_socket(local: IpAddr) -> std::io::Result<(Socket, u16)> {
+    let sock = udp_socket(local)?;
+    setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 0);
+    sock.bind(&SocketAddr::new(local, 0).into())?;
+    let port = sock
+        .local_addr()?
+        .as_socket()
+        .map(|a| a.port())
+        .ok_or_else(|| std::io::Error::other("socket has no port"))?;
+    Ok((sock, port))
 }
 
-/// Opens a device bound to `local` and starts its engine.
-pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
-    open_inner(local, config, true).map(|(d, _)| d)
-}
-
-/// Opens a device; without `engine` nobody receives or runs timers unless
-/// the caller does ([`crate::harness`], deterministic tests and fuzzing).
-pub(crate) fn open_inner(
-    local: IpAddr,
-    config: &Config,
-    engine: bool,
-) -> Result<(smc_verbs::Device, Arc<DevShared>)> {
-    let port = config.udp_port.unwrap_or(4791);
-    let peer_port = config.peer_port.unwrap_or(4791);
+/// A UDP socket for RoCEv2 on `local`'s family: DF set (IPv4 ID 0 on the
+/// wire, verifiers.md fact 6), large buffers, not bound yet.
+fn udp_socket(local: IpAddr) -> std::io::Result<Socket> {
     let domain = if local.is_ipv4() {
         Domain::IPV4
     } else {
@@ -714,8 +735,6 @@ pub(crate) fn open_inner(
     let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
     let fd = sock.as_raw_fd();
     if local.is_ipv4() {
-        // verifiers.md fact 6: with DF set, Linux sends ID 0 on an
-        // unconnected UDP socket, which is what our ICRC assumes.
         setsockopt_int(
             fd,
             libc::IPPROTO_IP,
@@ -742,6 +761,35 @@ pub(crate) fn open_inner(
             setsockopt_int(fd, libc::SOL_SOCKET, plain, size);
         }
     }
+    Ok(sock)
+}
+
+/// The largest IBA path MTU whose biggest packet fits a netdev MTU of
+/// `netdev_mtu` bytes (Mtu256 if none does).
+fn active_mtu_for(netdev_mtu: usize, ipv4: bool) -> Mtu {
+    // RoCEv2 overhead of the largest packet, a WRITE Only with immediate:
+    // IP (20/40) + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 + ICRC 4 (a full
+    // payload needs no pad: every IBA MTU is a multiple of 4).
+    let overhead = if ipv4 { 20 } else { 40 } + 8 + 12 + 16 + 4 + 4;
+    Mtu::largest_fitting(netdev_mtu.saturating_sub(overhead)).unwrap_or(Mtu::Mtu256)
+}
+
+/// Opens a device bound to `local` and starts its engine.
+pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
+    open_inner(local, config, true).map(|(d, _)| d)
+}
+
+/// Opens a device; without `engine` nobody receives or runs timers unless
+/// the caller does ([`crate::harness`], deterministic tests and fuzzing).
+pub(crate) fn open_inner(
+    local: IpAddr,
+    config: &Config,
+    engine: bool,
+) -> Result<(smc_verbs::Device, Arc<DevShared>)> {
+    let port = config.udp_port.unwrap_or(4791);
+    let peer_port = config.peer_port.unwrap_or(4791);
+    let sock = udp_socket(local)?;
+    let fd = sock.as_raw_fd();
     sock.bind(&SocketAddr::new(local, port).into())?;
     // The port actually bound (port 0 asks the kernel for one): the ICRC
     // of received packets covers it.

@@ -24,7 +24,7 @@ use smc_verbs::{
 };
 
 use crate::cq::{CqShared, SoftCq};
-use crate::device::{DevHandle, DevShared, TxBatch, TX};
+use crate::device::{DevHandle, DevShared, TxBatch, TxPath, TX};
 use crate::fault::FaultState;
 use crate::icrc::{IpInfo, IPV4_DF};
 use crate::mr::{MrEntry, SoftPd};
@@ -299,6 +299,10 @@ pub(crate) struct Ctx<'a> {
 pub(crate) struct QpShared {
     pub(crate) qpn: u32,
     pub(crate) dev: Arc<DevShared>,
+    /// This QP's sending socket and its UDP source port (`None`: creating
+    /// it failed, the device socket and port serve instead).
+    tx_sock: Option<socket2::Socket>,
+    sport: u16,
     pd: u32,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
@@ -350,9 +354,25 @@ pub(crate) fn create(pd: &SoftPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
             "QP capabilities exceed the device limits",
         ));
     }
+    // A source port of its own per QP, for ECMP (as rxe does).
+    let (tx_sock, sport) = match crate::device::qp_socket(dev.shared.attr.local_addr) {
+        Ok((s, port)) => (Some(s), port),
+        Err(e) => {
+            // E.g. out of file descriptors: still a working QP, only
+            // without its own ECMP entropy.
+            tracing::warn!(error = %e, "no socket of its own for a QP; sending from the device port");
+            dev.shared
+                .stats
+                .qp_socket_errors
+                .fetch_add(1, Ordering::Relaxed);
+            (None, dev.shared.local_port)
+        }
+    };
     let shared = dev.shared.add_qp(|qpn| QpShared {
         qpn,
         dev: dev.shared.clone(),
+        tx_sock,
+        sport,
         pd: pd.id,
         send_cq,
         recv_cq,
@@ -379,6 +399,15 @@ pub(crate) fn rnr_timeout(code: u8) -> Duration {
 }
 
 impl QpShared {
+    /// The socket this QP's packets leave by (open while `self` lives).
+    pub(crate) fn tx_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match &self.tx_sock {
+            Some(s) => s.as_raw_fd(),
+            None => self.dev.sock.as_raw_fd(),
+        }
+    }
+
     /// Runs `f` under the QP lock with a transmit context; sends what it
     /// queued, publishes timers, then fires CQ notifications unlocked.
     pub(crate) fn run<R>(&self, f: impl FnOnce(&mut QpInner, &mut Ctx<'_>) -> R) -> R {
@@ -397,7 +426,7 @@ impl QpShared {
             if let Some(fault) = g.fault.as_mut() {
                 // A held (reordered) packet must not wait forever.
                 if let (Some(held), Some(path)) = (fault.held.take(), g.path.as_ref()) {
-                    batch.push_raw(&held, &path.dst, &self.dev);
+                    batch.push_raw(&held, &path.dst, self.tx_fd(), &self.dev);
                 }
             }
             batch.flush(&self.dev);
@@ -951,7 +980,7 @@ impl QpInner {
         if let Some(path) = self.path.as_ref() {
             let sent = ctx.tx.packet(
                 &ctx.qp.dev,
-                path_parts(path),
+                path_parts(path, ctx.qp),
                 &mut self.fault,
                 &repr,
                 payload_len,
@@ -1346,7 +1375,7 @@ impl QpInner {
         if let Some(path) = self.path.as_ref() {
             ctx.tx.packet(
                 &ctx.qp.dev,
-                path_parts(path),
+                path_parts(path, ctx.qp),
                 &mut self.fault,
                 repr,
                 0,
@@ -1479,7 +1508,7 @@ impl QpInner {
                     };
                     let sent = ctx.tx.packet(
                         &ctx.qp.dev,
-                        path_parts(path),
+                        path_parts(path, ctx.qp),
                         &mut self.fault,
                         &repr,
                         len,
@@ -2052,8 +2081,8 @@ impl QpInner {
     }
 }
 
-fn path_parts(p: &Path) -> (&socket2::SockAddr, &IpInfo, u16, u16) {
-    (&p.dst, &p.ip, p.sport, p.dport)
+fn path_parts<'a>(p: &'a Path, qp: &QpShared) -> TxPath<'a> {
+    (&p.dst, &p.ip, p.sport, p.dport, qp.tx_fd())
 }
 
 impl QpOps for SoftQp {
@@ -2117,7 +2146,7 @@ impl QpOps for SoftQp {
                 dst: SocketAddr::new(peer_ip, dev.peer_port).into(),
                 peer_ip,
                 ip,
-                sport: dev.local_port,
+                sport: self.shared.sport,
                 dport: dev.peer_port,
             });
             i.fault = faults.as_ref().map(|f| FaultState::new(f, qpn));

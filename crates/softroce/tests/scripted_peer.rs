@@ -16,8 +16,12 @@ use smc_verbs::*;
 
 const PEER_QPN: u32 = 0x99;
 
+/// The scripted peer: receives on `me:4791` like any RoCEv2 node, sends
+/// from `tx`, bound to an ephemeral port (RoCEv2 receivers must take
+/// packets from any source port; rxe uses one per QP).
 struct Peer {
     sock: UdpSocket,
+    tx: UdpSocket,
     me: Ipv4Addr,
     dut: Ipv4Addr,
     dut_qpn: u32,
@@ -35,20 +39,25 @@ impl Peer {
             id: 0,
             flags_frag: IPV4_DF,
         };
-        icrc::fill(&ip, 4791, 4791, &mut b);
-        self.sock
+        let sport = self.tx.local_addr().unwrap().port();
+        icrc::fill(&ip, sport, 4791, &mut b);
+        self.tx
             .send_to(&b, SocketAddr::new(IpAddr::V4(self.dut), 4791))
             .unwrap();
     }
     fn send_raw(&self, b: &[u8]) {
-        self.sock
+        self.tx
             .send_to(b, SocketAddr::new(IpAddr::V4(self.dut), 4791))
             .unwrap();
     }
     fn recv(&self) -> Option<(PacketRepr, Vec<u8>)> {
+        self.recv_from().map(|(r, d, _)| (r, d))
+    }
+    /// A packet from the DUT with its UDP source port.
+    fn recv_from(&self) -> Option<(PacketRepr, Vec<u8>, u16)> {
         let mut b = [0u8; 8192];
         match self.sock.recv_from(&mut b) {
-            Ok((n, _)) => {
+            Ok((n, from)) => {
                 let p = PacketRepr::parse(&b[..n]).expect("DUT sent a malformed packet");
                 let ip = IpInfo::V4 {
                     src: self.dut,
@@ -57,12 +66,13 @@ impl Peer {
                     flags_frag: IPV4_DF,
                 };
                 assert!(
-                    icrc::verify(&ip, 4791, 4791, &b[..n]),
+                    icrc::verify(&ip, from.port(), 4791, &b[..n]),
                     "DUT packet ICRC (ID 0)"
                 );
                 Some((
                     p.repr,
                     b[p.payload_off..p.payload_off + p.payload_len].to_vec(),
+                    from.port(),
                 ))
             }
             Err(_) => None,
@@ -136,12 +146,14 @@ fn setup_mtu(net: u8, mtu: Mtu) -> (Side, Peer) {
     .unwrap();
     let sock = UdpSocket::bind(SocketAddr::new(IpAddr::V4(me), 4791)).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let tx = UdpSocket::bind(SocketAddr::new(IpAddr::V4(me), 0)).unwrap();
     let dut = Ipv4Addr::new(127, 86, net, 1);
     let qpn = s.qp.qpn();
     (
         s,
         Peer {
             sock,
+            tx,
             me,
             dut,
             dut_qpn: qpn,
@@ -762,4 +774,65 @@ fn messages_beyond_the_psn_window_are_refused() {
     let (r, _) = peer.expect();
     assert_eq!(r.bth.opcode, Opcode::ReadRequest);
     assert_eq!(r.reth.map(|x| x.dma_len), Some(1 << 30));
+}
+
+/// Item 8: every QP sends from a UDP source port of its own (not 4791),
+/// as Linux rxe does, so ECMP can spread QPs over paths; the destination
+/// stays 4791, and the port is stable for the QP. The peer's own packets
+/// come from an ephemeral port and are answered all the same (a RoCEv2
+/// receiver takes any source port).
+#[test]
+fn each_qp_sends_from_its_own_source_port() {
+    let (s, peer) = setup(92);
+    assert_ne!(peer.tx.local_addr().unwrap().port(), 4791);
+    let qp2 =
+        s.pd.create_qp(&QpInitAttr {
+            send_cq: s.scq.clone(),
+            recv_cq: s.rcq.clone(),
+            cap: Opts::default().cap,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    qp2.modify_to_init(&InitAttr::default()).unwrap();
+    qp2.modify_to_rtr(&RtrAttr {
+        path_mtu: Mtu::Mtu1024,
+        dest_qpn: PEER_QPN + 1,
+        rq_psn: 0,
+        ah: AddressHandle::to_gid(Gid::from_ip(IpAddr::V4(peer.me))),
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+    })
+    .unwrap();
+    qp2.modify_to_rts(&RtsAttr {
+        sq_psn: 0,
+        timeout: 16,
+        ..RtsAttr::default()
+    })
+    .unwrap();
+    let mem = buf(4096);
+    let mr = s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE).unwrap();
+    let send = |qp: &Qp| {
+        qp.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: &[mr.sge(0, 16)],
+            flags: SendFlags::empty(),
+        })
+        .unwrap();
+        let (r, _, port) = peer.recv_from().expect("no packet from the DUT");
+        (r.bth.dest_qp, port)
+    };
+    let (q1, p1) = send(&s.qp);
+    let (q2, p2) = send(&qp2);
+    let (q1b, p1b) = send(&s.qp);
+    assert_eq!((q1, q2, q1b), (PEER_QPN, PEER_QPN + 1, PEER_QPN));
+    assert!(p1 != 4791 && p2 != 4791, "source ports {p1} {p2}");
+    assert_ne!(p1, p2, "two QPs share a source port");
+    assert_eq!(p1, p1b, "a QP changed its source port");
+    // The DUT takes our requests from an ephemeral port and answers to 4791.
+    peer.send(peer.req(Opcode::SendOnly, 100, true), b"x");
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (Opcode::Acknowledge, 100, Syndrome::RnrNak { timer: 3 }, 0)
+    );
 }
