@@ -5,6 +5,14 @@
 //! region's rkey does not name a later region (CHECKLIST §C.6 RK-C1 (a)),
 //! and a peer cannot guess rkeys from one another.
 //!
+//! Addresses: a region is known by an I/O virtual address (`Mr::addr`,
+//! what SGEs and peers' RETH/AtomicETH use), never by where its buffer
+//! lies in the process: every registration draws a random page-aligned
+//! base (plus the region's offset within its first page, so alignment is
+//! kept), like `ibv_reg_mr_iova`. An SMC-R RMB address given to a peer thus
+//! reveals nothing about our address space layout, and a peer cannot name
+//! memory by guessing process addresses.
+//!
 //! Deregistration ends every access at once, including those that hold a
 //! reference to the region from an earlier check (a multi-packet WRITE in
 //! progress, READ responses still streaming, a saved READ for duplicate
@@ -31,7 +39,8 @@ pub(crate) struct MrEntry {
     /// Offset of the region's first byte inside `buf`.
     pub(crate) base: usize,
     pub(crate) len: usize,
-    /// I/O virtual address of the first byte.
+    /// I/O virtual address of the first byte (random, see the module
+    /// documentation).
     pub(crate) iova: u64,
     pub(crate) access: AccessFlags,
     pub(crate) pd: u32,
@@ -135,22 +144,25 @@ impl MrTable {
             .get(&key)
             .cloned()
     }
-    /// A region of this device covering `[addr, addr+len)`: the one named
-    /// by `lkey` if it does, else any (for INLINE, where lkeys are not
-    /// checked). Returns the buffer offset.
+    /// A region of protection domain `pd` covering `[addr, addr+len)`: the
+    /// one named by `lkey` if it does, else any of the PD (for INLINE, where
+    /// lkeys are not checked, but memory of another PD must stay out of
+    /// reach). Returns the buffer offset.
     pub(crate) fn find_covering(
         &self,
+        pd: u32,
         lkey: u32,
         addr: u64,
         len: u64,
     ) -> Option<(Arc<MrEntry>, usize)> {
         let m = self.map.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(mr) = m.get(&lkey) {
+        if let Some(mr) = m.get(&lkey).filter(|mr| mr.pd == pd) {
             if let Some(off) = mr.range(addr, len) {
                 return Some((mr.clone(), off));
             }
         }
         m.values()
+            .filter(|mr| mr.pd == pd)
             .find_map(|mr| mr.range(addr, len).map(|off| (mr.clone(), off)))
     }
 
@@ -177,6 +189,13 @@ impl MrTable {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
     }
+}
+
+/// A region's I/O virtual address: a random page-aligned base below 2^62
+/// (so `iova + len` never wraps) plus `offset`'s place in its page.
+fn random_iova(offset: usize) -> u64 {
+    let base = ((random_u32() as u64) << 32 | random_u32() as u64) & 0x3fff_ffff_ffff_f000;
+    base | (offset as u64 & 0xfff)
 }
 
 /// A random 32-bit value (rkey bytes, initial index).
@@ -224,7 +243,7 @@ impl PdOps for SoftPd {
         let shared = &self.dev.shared;
         let entry = shared.mrs.insert(
             MrEntry {
-                iova: buf.addr() + offset as u64,
+                iova: random_iova(offset),
                 buf,
                 base: offset,
                 len,

@@ -721,10 +721,13 @@ impl QpInner {
                         continue;
                     }
                     // INLINE: lkeys are not checked, but the memory must be
-                    // ours; read it through a region of this device that
-                    // covers it, else the request fails with a protection
-                    // error rather than touching unknown memory.
-                    match dev.mrs.find_covering(s.lkey, s.addr, s.length as u64) {
+                    // ours; read it through a region of this QP's PD that
+                    // covers the address, else the request fails with a
+                    // protection error rather than touching unknown memory.
+                    match dev
+                        .mrs
+                        .find_covering(ctx.qp.pd, s.lkey, s.addr, s.length as u64)
+                    {
                         Some((mr, boff)) => {
                             let start = data.len();
                             for _ in 0..s.length {

@@ -29,6 +29,11 @@
 //! data races in Rust's memory model. A lock per buffer would serialise the
 //! application against the RNIC for every packet.
 //!
+//! **Addresses**: a buffer has no address in the verbs API. Memory regions
+//! over it are known by an I/O virtual address the provider chooses
+//! ([`crate::Mr::addr`]), not by where the buffer lies in the process, so
+//! that the address given to a peer reveals nothing of our address space.
+//!
 //! **Cost**: the compiler does not merge or vectorise atomic accesses, so a
 //! copy moves 8 bytes per load/store pair instead of a `memcpy`'s 32-64.
 //! The software RNIC's data path is bounded by the kernel's per-datagram
@@ -103,12 +108,6 @@ impl RdmaBuffer {
     /// Never true: zero-length buffers cannot be created.
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// The virtual address of the first byte, as used in [`crate::Sge::addr`]
-    /// and as the I/O virtual address of memory regions covering it.
-    pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
     }
 
     /// Raw pointer to the first byte (page-aligned), for providers that
@@ -271,8 +270,9 @@ impl Drop for RdmaBuffer {
 
 impl std::fmt::Debug for RdmaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // No address: it must not reach logs a peer might see, and regions
+        // are known by their I/O virtual address (`Mr::addr`) anyway.
         f.debug_struct("RdmaBuffer")
-            .field("addr", &format_args!("{:#x}", self.addr()))
             .field("len", &self.len)
             .finish()
     }
@@ -295,7 +295,7 @@ mod tests {
     #[test]
     fn zeroed_aligned_and_bounds_checked() {
         let b = RdmaBuffer::new(10_000).unwrap();
-        assert_eq!(b.addr() % 4096, 0);
+        assert_eq!(b.as_ptr() as usize % 4096, 0);
         let mut out = [1u8; 16];
         b.read(9_984, &mut out);
         assert_eq!(out, [0u8; 16]);
