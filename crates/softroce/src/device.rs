@@ -60,7 +60,7 @@ pub(crate) fn runs_handlers() -> bool {
 pub struct Stats {
     /// Packets sent (after fault injection).
     pub tx_packets: AtomicU64,
-    /// Packets received and accepted for processing.
+    /// Packets received and handed to their QP (from its peer).
     pub rx_packets: AtomicU64,
     /// Packets dropped because they did not parse.
     pub rx_malformed: AtomicU64,
@@ -71,6 +71,10 @@ pub struct Stats {
     pub rx_icrc_id_recovered: AtomicU64,
     /// Packets for unknown QPs.
     pub rx_unknown_qp: AtomicU64,
+    /// Packets for a QP from an address other than its connected peer's
+    /// (or for a QP not connected yet): forged or stray, dropped unprocessed
+    /// (a RoCEv2 source GID is the source address; the source port is free).
+    pub rx_foreign: AtomicU64,
     /// Packets the fault injector dropped.
     pub fault_dropped: AtomicU64,
     /// sendmmsg failures (packets lost locally).
@@ -1184,8 +1188,12 @@ pub(crate) fn handle_packet(
         dev.stats.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    if !qp.on_packet(&parsed, pkt, src) {
+        dev.stats.rx_foreign.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(%src, qpn = qp.qpn, "dropping a packet not from the QP's peer");
+        return;
+    }
     dev.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
-    qp.on_packet(&parsed, pkt, src);
     if !touched.iter().any(|t| Arc::ptr_eq(t, &qp)) {
         touched.push(qp);
     }

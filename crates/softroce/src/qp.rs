@@ -449,9 +449,10 @@ impl QpShared {
         r
     }
 
-    /// Handles one received packet (engine thread).
-    pub(crate) fn on_packet(&self, p: &Parsed, pkt: &[u8], src: IpAddr) {
-        self.run(|inner, ctx| inner.on_packet(ctx, p, pkt, src));
+    /// Handles one received packet (engine thread); false if it was not
+    /// from the QP's connected peer and was dropped unprocessed.
+    pub(crate) fn on_packet(&self, p: &Parsed, pkt: &[u8], src: IpAddr) -> bool {
+        self.run(|inner, ctx| inner.on_packet(ctx, p, pkt, src))
     }
 
     /// Sends coalesced ACKs and continues transmission (engine, after a
@@ -1330,16 +1331,22 @@ impl QpInner {
 
     // ----- responder ---------------------------------------------------
 
-    fn on_packet(&mut self, ctx: &mut Ctx<'_>, p: &Parsed, pkt: &[u8], src: IpAddr) {
+    /// A packet for this QP. Only its connected peer may speak to it: the
+    /// source address must be the peer's (the RoCEv2 source GID; IBA checks
+    /// the SGID of RC packets against the QP's path), else the packet is
+    /// dropped before anything looks at its PSN or opcode, so a forger on
+    /// another host can neither inject nor provoke NAKs.
+    fn on_packet(&mut self, ctx: &mut Ctx<'_>, p: &Parsed, pkt: &[u8], src: IpAddr) -> bool {
         match &self.path {
             Some(path) if path.peer_ip == src => {}
-            _ => return,
+            _ => return false,
         }
         if p.repr.bth.opcode.is_request() {
             self.on_request(ctx, p, pkt);
         } else {
             self.on_response(ctx, p, pkt);
         }
+        true
     }
 
     /// A responder packet (ACK, atomic ACK, READ response) to the peer QP:
