@@ -252,8 +252,9 @@ impl TxBatch {
                 if j - i > 1 {
                     let buf = &mut cmsgs[m];
                     h.msg_control = buf.as_mut_ptr() as *mut libc::c_void;
-                    // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer;
-                    // the header is written through the libc macros into it.
+                    // SAFETY: CMSG_SPACE of a u16 (24 bytes) fits the 32-byte,
+                    // 8-aligned buffer, so CMSG_FIRSTHDR is non-null; the
+                    // header is written through the libc macros into it.
                     unsafe {
                         h.msg_controllen = libc::CMSG_SPACE(2) as usize;
                         let c = libc::CMSG_FIRSTHDR(h);
@@ -1098,11 +1099,15 @@ fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
             };
             if dev.gso && h.msg_hdr.msg_controllen > 0 {
                 // SAFETY: walking the control buffer the kernel filled,
-                // with the libc macros, within msg_controllen.
+                // with the libc macros, within msg_controllen; the i32 is
+                // read only from a message long enough to hold it.
                 unsafe {
                     let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
                     while !c.is_null() {
-                        if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        if (*c).cmsg_level == SOL_UDP
+                            && (*c).cmsg_type == UDP_GRO
+                            && (*c).cmsg_len as usize >= libc::CMSG_LEN(4) as usize
+                        {
                             let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32);
                             out.segs[i] = v.max(0) as usize;
                         }
