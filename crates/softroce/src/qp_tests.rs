@@ -325,7 +325,7 @@ fn zero_read(dest_qp: u32, psn: u32, mr: &Mr) -> PacketRepr {
 fn responder_resources_are_enforced() {
     let (mut h, q) = setup(Mtu::Mtu1024, 2);
     let qpn = q.qp.qpn();
-    let (_b, mr) = region(&q, 1 << 20, 0x11);
+    let (b, mr) = region(&q, 1 << 20, 0x11);
     let mut out = Vec::new();
     // Two long READs in progress (the second queued), a third is one too many.
     feed(&mut h, read_req(qpn, 100, &mr, 0, 1 << 20), &[]);
@@ -344,7 +344,7 @@ fn responder_resources_are_enforced() {
     );
     assert_eq!(q.qp.state(), QpState::Err);
     let mut word = [0u8; 8];
-    _b.read(0, &mut word);
+    b.read(0, &mut word);
     assert_eq!(word, [0x11; 8], "the refused atomic was executed");
 }
 
