@@ -308,14 +308,20 @@ mod tests {
         };
         let n = IRD_ORD_NO_LIMIT;
         // initiator ORD 0x3FFF: responder IRD unchanged, replied as 0x3FFF
-        let (reply, ird, ord, _) =
-            accept(responder(&req(false, RtrSet::NONE, 3, n), &local, RtrSet::ALL));
+        let (reply, ird, ord, _) = accept(responder(
+            &req(false, RtrSet::NONE, 3, n),
+            &local,
+            RtrSet::ALL,
+        ));
         assert_eq!((reply.ird, ird), (n, 5));
         assert_eq!((reply.ord, ord), (3, 3));
         // initiator IRD 0x3FFF: responder ORD unchanged, replied as 0x3FFF (AMB-M8:
         // each field on its own)
-        let (reply, ird, ord, _) =
-            accept(responder(&req(false, RtrSet::NONE, n, 2), &local, RtrSet::ALL));
+        let (reply, ird, ord, _) = accept(responder(
+            &req(false, RtrSet::NONE, n, 2),
+            &local,
+            RtrSet::ALL,
+        ));
         assert_eq!((reply.ord, ord), (n, 7));
         assert_eq!((reply.ird, ird), (2, 2));
         // initiator: responder IRD/ORD 0x3FFF leave local ORD/IRD unchanged
@@ -395,8 +401,11 @@ mod tests {
     #[test]
     fn tc_mpa_11_a0_flags_ignored_and_zero() {
         let local = ReadParams::default();
-        let (reply, _, _, p2p) =
-            accept(responder(&req(false, RtrSet::ALL, 1, 1), &local, RtrSet::ALL));
+        let (reply, _, _, p2p) = accept(responder(
+            &req(false, RtrSet::ALL, 1, 1),
+            &local,
+            RtrSet::ALL,
+        ));
         assert!(!p2p && !reply.p2p && reply.rtr.is_empty());
         assert!(req(false, RtrSet::ALL, 1, 1).effective_rtr().is_empty());
         // and on the wire B/C/D are 0 with A = 0

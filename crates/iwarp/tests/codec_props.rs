@@ -3,9 +3,7 @@
 
 use proptest::prelude::*;
 use smc_iwarp::wire::ddp::{DdpRepr, Opcode, Placement, ReadRequest, TerminateRepr};
-use smc_iwarp::wire::mpa::{
-    emit_fpdu, EnhancedData, FrameKind, Fpdu, MpaFrame, MpaRepr, RtrSet,
-};
+use smc_iwarp::wire::mpa::{emit_fpdu, EnhancedData, Fpdu, FrameKind, MpaFrame, MpaRepr, RtrSet};
 
 fn rtr() -> impl Strategy<Value = RtrSet> {
     (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(send, write, read)| RtrSet {

@@ -486,18 +486,14 @@ impl<'a> TerminateRepr<'a> {
             (term::LAYER_LLP, term::LLP_MPA, term::MPA_TCP_CLOSED) => "TCP connection lost",
             (term::LAYER_LLP, term::LLP_MPA, term::MPA_CRC) => "MPA CRC error",
             (term::LAYER_LLP, term::LLP_MPA, term::MPA_MARKER) => "MPA marker/length mismatch",
-            (term::LAYER_LLP, term::LLP_MPA, term::MPA_INVALID_RR) => {
-                "invalid MPA request/reply"
-            }
+            (term::LAYER_LLP, term::LLP_MPA, term::MPA_INVALID_RR) => "invalid MPA request/reply",
             (term::LAYER_LLP, term::LLP_MPA, term::MPA_LOCAL_CATASTROPHIC) => {
                 "MPA local catastrophic error"
             }
             (term::LAYER_LLP, term::LLP_MPA, term::MPA_INSUFFICIENT_IRD) => {
                 "insufficient IRD resources"
             }
-            (term::LAYER_LLP, term::LLP_MPA, term::MPA_NO_MATCHING_RTR) => {
-                "no matching RTR option"
-            }
+            (term::LAYER_LLP, term::LLP_MPA, term::MPA_NO_MATCHING_RTR) => "no matching RTR option",
             (term::LAYER_RDMAP, term::RDMAP_REMOTE_PROT, term::PROT_INVALID_STAG) => {
                 "remote protection: invalid STag"
             }
@@ -541,10 +537,7 @@ impl<'a> TerminateRepr<'a> {
             (_, _, _) if self.etype == 0 => "local catastrophic error",
             _ => "error",
         };
-        format!(
-            "{what} ({}/{}/{:#04x})",
-            self.layer, self.etype, self.code
-        )
+        format!("{what} ({}/{}/{:#04x})", self.layer, self.etype, self.code)
     }
 }
 

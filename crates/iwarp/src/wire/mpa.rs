@@ -157,12 +157,18 @@ impl EnhancedData {
         check("MPA enhanced data", b, ENHANCED_LEN)?;
         let ird = be16(b, 0);
         let ord = be16(b, 2);
+        let p2p = ird & enh::PEER_TO_PEER != 0;
         Ok(EnhancedData {
-            p2p: ird & enh::PEER_TO_PEER != 0,
-            rtr: RtrSet {
-                send: ird & enh::SEND_RTR != 0,
-                write: ord & enh::WRITE_RTR != 0,
-                read: ord & enh::READ_RTR != 0,
+            p2p,
+            // RFC 6581 §9.2: with A = 0, "Control Flags B, C, and D MUST be ignored".
+            rtr: if p2p {
+                RtrSet {
+                    send: ird & enh::SEND_RTR != 0,
+                    write: ord & enh::WRITE_RTR != 0,
+                    read: ord & enh::READ_RTR != 0,
+                }
+            } else {
+                RtrSet::NONE
             },
             ird: ird & enh::VALUE_MASK,
             ord: ord & enh::VALUE_MASK,
@@ -361,7 +367,12 @@ impl<'a> MpaRepr<'a> {
     }
 
     fn pd_len(&self) -> usize {
-        self.ulp_data.len() + if self.enhanced.is_some() { ENHANCED_LEN } else { 0 }
+        self.ulp_data.len()
+            + if self.enhanced.is_some() {
+                ENHANCED_LEN
+            } else {
+                0
+            }
     }
 
     /// Writes the frame (Res as 0); returns its length.
@@ -511,7 +522,10 @@ mod tests {
     fn crc32c_vectors_rfc3720_b4() {
         // RFC 3720 B.4: 32 bytes of zeros -> aa 36 91 8a on the wire; 32 x 0xff -> 43 ab a8 62.
         assert_eq!(fpdu_crc(&[0u8; 32]).to_le_bytes(), [0xaa, 0x36, 0x91, 0x8a]);
-        assert_eq!(fpdu_crc(&[0xffu8; 32]).to_le_bytes(), [0x43, 0xab, 0xa8, 0x62]);
+        assert_eq!(
+            fpdu_crc(&[0xffu8; 32]).to_le_bytes(),
+            [0x43, 0xab, 0xa8, 0x62]
+        );
     }
 
     #[test]
