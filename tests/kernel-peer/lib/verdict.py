@@ -371,7 +371,13 @@ def verbs_checks(v, cfg, out, vms, steps):
     if mode in ("verbs-server", "verbs-client"):
         check_peer(v, cfg, steps, tools)
     c = check_capture(v, cfg, out, {cfg["SERVER_IP"], cfg["CLIENT_IP"]})
-    if c is not None:
+    if c is not None and cfg.get("RDMA_DEV", "rxe") == "siw":
+        # iWARP runs over TCP; the MPA/DDP/RDMAP checks are decode/iwarp_check.py's
+        v.check(c.get("iwarp_frames", 0) > 0, "iWARP (MPA) traffic on the wire (%d frames)"
+                % c.get("iwarp_frames", 0))
+        for k, n in sorted(c.get("iwarp", {}).items()):
+            v.info("wire: %s x%d" % (k, n))
+    elif c is not None:
         v.check(c["roce_frames"] > 0, "RoCEv2 traffic on the wire (%d frames)" % c["roce_frames"])
         for k, n in sorted(c["ib_opcodes"].items()):
             v.info("wire: %s x%d" % (k, n))
