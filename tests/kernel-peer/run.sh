@@ -321,7 +321,12 @@ verbs-*)
 	}
 	if [ "$up" = 1 ]; then
 		timing vm_ready_s "$(elapsed "$T_VM")"
+		step_index=0
 		for tool in ${VERBS_TOOLS//,/ }; do
+			# a tool may appear more than once (PEER_CMD can vary its options by
+			# $KPEER_STEP_INDEX); each run is its own step "tool@index"
+			step_index=$((step_index + 1))
+			export KPEER_STEP_INDEX=$step_index
 			size=$VERBS_SIZE
 			if [ -z "$size" ]; then
 				case "$tool" in
@@ -357,7 +362,7 @@ verbs-*)
 					KPEER_TOOL_CMD=$(grep -a "^KPEER verbs-ready vm=server tool=$tool " "$OUT/server/results.log" |
 						sed -n 's/.* cmd=\([^ ]*\).*/\1/p' | tr '+' ' ')
 					export KPEER_TOOL_CMD
-					start_peer "$tool"
+					start_peer "$tool@$step_index"
 					wait_gone "$PEER_PID" "$((VERBS_TIMEOUT + 30))" || infra "PEER_CMD ($tool) timed out"
 					stop_peer 0
 				else
@@ -370,7 +375,7 @@ verbs-*)
 				export KPEER_ROLE=server KPEER_PEER_IP=$CLIENT_IP
 				KPEER_GID=$(vm_gid client)
 				export KPEER_GID
-				start_peer "$tool"
+				start_peer "$tool@$step_index"
 				deadline=$(($(date +%s) + 60))
 				until peer_listening "$tport" || ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; do
 					sleep 0.1

@@ -1496,7 +1496,8 @@ impl QpOps for IwQp {
         if g.state != QpState::Rts && g.state != QpState::Err {
             return Err(VerbsError::InvalidState(g.state));
         }
-        if g.sq.len() + g.inflight.len() + wrs.len() > s.cap.max_send_wr as usize {
+        // Every posted, not yet completed WR is in `inflight` (queued ones too).
+        if g.inflight.len() + wrs.len() > s.cap.max_send_wr as usize {
             return Err(VerbsError::QueueFull);
         }
         for wr in wrs {

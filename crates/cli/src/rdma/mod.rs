@@ -14,6 +14,7 @@
 
 pub mod bench;
 pub mod endpoint;
+pub mod iwbench;
 pub mod oob;
 pub mod pattern;
 pub mod pingpong;

@@ -473,6 +473,15 @@ fn server(
         ep.send_done(deadline, "SEND write-complete")?;
         n += 1;
     }
+    // rping's client disconnects after its last ping; closing first would make it see the
+    // disconnect before it has processed our last SEND (rping then fails its wait). Wait
+    // for it to leave (our posted receive is flushed) before we close.
+    if a.count > 0 {
+        let deadline = Instant::now() + timeout;
+        while ep.qp.state() != smc_verbs::QpState::Err && Instant::now() < deadline {
+            ep.rcq.wait(Some(Duration::from_millis(100)))?;
+        }
+    }
     println!("rping server: {n} pings of {} bytes, data verified", a.size);
     Ok(())
 }
