@@ -54,6 +54,12 @@ pub struct ConnParams {
     /// connection (a responder without RFC 6581), try once more with revision 1 (RFC 6581
     /// §10 MAY).
     pub retry_rev1: bool,
+    /// Initiator: wait this long after the Reply before the first FPDU (the RTR or the
+    /// ULP's first message). RFC 5044 needs no wait; Linux siw 6.12 does: its responder
+    /// sends the Reply before it hands the socket to the QP (`siw_accept`:
+    /// `siw_send_mpareqrep`, then `siw_qp_socket_assoc`) and never reads an FPDU that
+    /// arrived in between. Under TCG that window is about a millisecond.
+    pub first_fpdu_delay: Duration,
 }
 
 impl Default for ConnParams {
@@ -69,6 +75,7 @@ impl Default for ConnParams {
             private_data: Vec::new(),
             timeout: Duration::from_secs(10),
             retry_rev1: false,
+            first_fpdu_delay: Duration::ZERO,
         }
     }
 }
@@ -234,7 +241,15 @@ pub fn connect(qp: &Qp, remote: SocketAddr, p: &ConnParams) -> Result<Connection
 }
 
 fn connect_once(qp: &Qp, remote: SocketAddr, p: &ConnParams) -> Result<Connection, CmError> {
-    let shared = iw_qp(qp)?;
+    connect_shared(&iw_qp(qp)?, remote, p)
+}
+
+/// [`connect`] on the provider's QP object (SMC-R link mode).
+pub(crate) fn connect_shared(
+    shared: &Arc<QpShared>,
+    remote: SocketAddr,
+    p: &ConnParams,
+) -> Result<Connection, CmError> {
     let dev = shared.dev.clone();
     let mut s = tcp_connect(dev.attr.local_addr, remote, p.timeout)?;
     s.set_read_timeout(Some(p.timeout))?;
@@ -338,6 +353,9 @@ fn connect_once(qp: &Qp, remote: SocketAddr, p: &ConnParams) -> Result<Connectio
         fence: Fence::None,
         send_rtr: rtr,
     };
+    if !p.first_fpdu_delay.is_zero() {
+        std::thread::sleep(p.first_fpdu_delay);
+    }
     shared.attach(s, setup)?;
     tracing::debug!(
         qpn = shared.qpn,
@@ -388,9 +406,20 @@ impl Listener {
     /// served are answered here (markers: Reject, as siw) or closed (malformed, unknown
     /// revision) and reported as an error; the listener stays usable.
     pub fn accept(&self) -> Result<Incoming, CmError> {
-        let (mut s, peer) = self.l.accept()?;
+        let (s, peer) = self.l.accept()?;
+        Incoming::read(s, peer, self.timeout)
+    }
+}
+
+impl Incoming {
+    /// Reads the MPA Request of an accepted TCP connection (see [`Listener::accept`]).
+    pub(crate) fn read(
+        mut s: TcpStream,
+        peer: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Incoming, CmError> {
         s.set_nodelay(true)?;
-        s.set_read_timeout(Some(self.timeout))?;
+        s.set_read_timeout(Some(timeout))?;
         let raw = read_frame(&mut s)?;
         let req = match MpaRepr::parse_bytes(&raw) {
             Ok(r) if r.kind == FrameKind::Request => r,
@@ -435,9 +464,7 @@ impl Listener {
             s,
         })
     }
-}
 
-impl Incoming {
     /// The initiator's address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
@@ -463,8 +490,16 @@ impl Incoming {
     /// Accepts onto `qp` (in INIT): MPA Reply, then RTS. In peer-to-peer mode the QP sends
     /// nothing until the RTR arrives; in client-server mode nothing until the initiator's
     /// first FPDU (RFC 5044 §7.1.2; RFC 6581 §3 MPA fencing).
-    pub fn accept(mut self, qp: &Qp, p: &ConnParams) -> Result<Connection, CmError> {
-        let shared = iw_qp(qp)?;
+    pub fn accept(self, qp: &Qp, p: &ConnParams) -> Result<Connection, CmError> {
+        self.accept_shared(&iw_qp(qp)?, p)
+    }
+
+    /// [`Incoming::accept`] on the provider's QP object (SMC-R link mode).
+    pub(crate) fn accept_shared(
+        mut self,
+        shared: &Arc<QpShared>,
+        p: &ConnParams,
+    ) -> Result<Connection, CmError> {
         let dev = shared.dev.clone();
         let crc = self.crc || p.crc;
         let local_read = ReadParams {

@@ -3,9 +3,11 @@
 //! on its TCP socket.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use smc_verbs::{CqOps, DeviceAttr, DeviceOps, Gid, Mac, Mtu, PdOps, Result, VerbsError};
 
@@ -37,6 +39,20 @@ pub(crate) struct DevShared {
     pub(crate) stats: Stats,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
+    /// QPs by number (SMC-R link mode: the listener finds the QP an MPA Request names).
+    pub(crate) qps: Mutex<HashMap<u32, Weak<crate::qp::QpShared>>>,
+    /// SMC-R link mode: the device's listening socket (shut down with the device).
+    listener: Option<std::net::TcpListener>,
+}
+
+impl Drop for DevShared {
+    fn drop(&mut self) {
+        if let Some(l) = &self.listener {
+            // Wakes the accept thread, which then finds the device gone and exits.
+            // SAFETY: shutdown(2) on a descriptor we own; no memory is involved.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+    }
 }
 
 impl DevShared {
@@ -84,13 +100,24 @@ impl DeviceOps for IwDevice {
 
 static DEV_INDEX: AtomicU32 = AtomicU32::new(0);
 
-/// Opens a device whose QPs connect from `local`.
-pub(crate) fn open(local: IpAddr, config: &Config) -> smc_verbs::Device {
+/// Opens a device whose QPs connect from `local`; in SMC-R link mode it also listens on
+/// `local:ephemeral` and advertises the port in its MAC ([`crate::smclink`]).
+pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
     let idx = DEV_INDEX.fetch_add(1, Ordering::Relaxed);
     let gid = Gid::from_ip(local);
     let g = gid.0;
-    // A locally administered MAC derived from the address (iWARP does not use it).
-    let mac = Mac([0x02, 0x1a, g[12], g[13], g[14], g[15]]);
+    let listener = if config.smc_links {
+        Some(std::net::TcpListener::bind(std::net::SocketAddr::new(
+            local, 0,
+        ))?)
+    } else {
+        None
+    };
+    let mac = match &listener {
+        Some(l) => crate::smclink::mac_for_port(l.local_addr()?.port()),
+        // A locally administered MAC derived from the address (iWARP does not use it).
+        None => Mac([0x02, 0x1a, g[12], g[13], g[14], g[15]]),
+    };
     let attr = DeviceAttr {
         name: format!("iwrs{idx}"),
         provider: "iwarp".into(),
@@ -108,16 +135,21 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> smc_verbs::Device {
         max_inline_data: 256,
         max_qp_rd_atom: config.max_ird.min(255) as u8,
     };
-    smc_verbs::Device(Arc::new(IwDevice {
-        shared: Arc::new(DevShared {
-            attr,
-            mrs: MrTable::default(),
-            config: config.clone(),
-            stats: Stats::default(),
-            next_qpn: AtomicU32::new(17 + (random_u32() & 0xffff)),
-            next_pd: AtomicU32::new(1),
-        }),
-    }))
+    let accept = listener.as_ref().map(|l| l.try_clone()).transpose()?;
+    let shared = Arc::new(DevShared {
+        attr,
+        mrs: MrTable::default(),
+        config: config.clone(),
+        stats: Stats::default(),
+        next_qpn: AtomicU32::new(17 + (random_u32() & 0xffff)),
+        next_pd: AtomicU32::new(1),
+        qps: Mutex::new(HashMap::new()),
+        listener,
+    });
+    if let Some(l) = accept {
+        crate::smclink::spawn_listener(l, Arc::downgrade(&shared))?;
+    }
+    Ok(smc_verbs::Device(Arc::new(IwDevice { shared })))
 }
 
 /// The counters of a device opened by this provider (None for another provider's).

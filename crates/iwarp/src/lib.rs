@@ -19,6 +19,7 @@ mod device;
 mod mr;
 pub mod negotiate;
 mod qp;
+pub mod smclink;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -35,6 +36,10 @@ pub struct Config {
     pub max_ulpdu: usize,
     /// Largest IRD/ORD a QP accepts (device limit, `max_qp_rd_atom`).
     pub max_ird: u16,
+    /// SMC-R link mode (see [`smclink`]): each device listens on `local_ip:ephemeral`
+    /// for the MPA connections of SMC-R links, advertises that port in its MAC, and
+    /// `modify_to_rtr` connects a QP to the peer QP named by the RTR attributes.
+    pub smc_links: bool,
 }
 
 impl Default for Config {
@@ -42,6 +47,7 @@ impl Default for Config {
         Config {
             max_ulpdu: 65_532,
             max_ird: 128,
+            smc_links: false,
         }
     }
 }
@@ -82,6 +88,13 @@ impl Iwarp {
         static G: OnceLock<Arc<Iwarp>> = OnceLock::new();
         G.get_or_init(|| Iwarp::new(Config::from_env())).clone()
     }
+    /// A provider for an SMC-R stack: devices in SMC-R link mode ([`smclink`]).
+    pub fn for_smc() -> Arc<Iwarp> {
+        Iwarp::new(Config {
+            smc_links: true,
+            ..Config::from_env()
+        })
+    }
 }
 
 impl smc_verbs::Provider for Iwarp {
@@ -94,9 +107,12 @@ impl smc_verbs::Provider for Iwarp {
             v4 => v4,
         };
         let mut m = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(m.entry(local)
-            .or_insert_with(|| device::open(local, &self.config))
-            .clone())
+        if let Some(d) = m.get(&local) {
+            return Ok(d.clone());
+        }
+        let d = device::open(local, &self.config)?;
+        m.insert(local, d.clone());
+        Ok(d)
     }
     fn devices(&self) -> Vec<smc_verbs::Device> {
         self.devices
@@ -106,10 +122,14 @@ impl smc_verbs::Provider for Iwarp {
             .cloned()
             .collect()
     }
+    /// SMC-R over iWARP is outside RFC 7609 (CHECKLIST AMB-M9): only for peers that opted in.
+    fn private_transport(&self) -> Option<&str> {
+        Some("iWARP")
+    }
 }
 
 /// One device whose QPs connect from `local` (not shared with a provider instance).
-pub fn open_device(local: IpAddr, config: &Config) -> smc_verbs::Device {
+pub fn open_device(local: IpAddr, config: &Config) -> smc_verbs::Result<smc_verbs::Device> {
     device::open(local, config)
 }
 

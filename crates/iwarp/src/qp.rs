@@ -125,8 +125,8 @@ struct CurRecv {
     got: u64,
 }
 
-struct Inner {
-    state: QpState,
+pub(crate) struct Inner {
+    pub(crate) state: QpState,
     access: AccessFlags,
     conn: Option<ConnSetup>,
     sq: VecDeque<SqWqe>,
@@ -149,6 +149,10 @@ struct Inner {
     rx_drain: bool,
     /// Why the QP entered ERR, for `error_reason`.
     error: Option<String>,
+    /// SMC-R link mode: the peer QP this QP is connected to.
+    pub(crate) link_peer: Option<(std::net::IpAddr, u32)>,
+    /// SMC-R link mode: the listener is accepting a connection onto this QP.
+    pub(crate) link_claimed: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -168,7 +172,7 @@ pub(crate) struct QpShared {
     cap: QpCap,
     sq_sig_all: bool,
     st: Mutex<Inner>,
-    cv: Condvar,
+    pub(crate) cv: Condvar,
     sock: Mutex<Option<TcpStream>>,
 }
 
@@ -243,11 +247,18 @@ pub(crate) fn create(pd: &IwPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
             tx_alive: false,
             rx_drain: false,
             error: None,
+            link_peer: None,
+            link_claimed: false,
         }),
         cv: Condvar::new(),
         sock: Mutex::new(None),
     });
     pd.dev.stats.qps_open.fetch_add(1, Ordering::Relaxed);
+    pd.dev
+        .qps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(shared.qpn, Arc::downgrade(&shared));
     Ok(Arc::new(IwQp { shared }))
 }
 
@@ -276,7 +287,7 @@ fn wire_err(e: WireError) -> (u8, u8, u8) {
 }
 
 impl QpShared {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -418,6 +429,11 @@ impl QpShared {
         self.shutdown(Shutdown::Both);
         self.deliver(out);
         self.dev.stats.qps_open.fetch_sub(1, Ordering::Relaxed);
+        self.dev
+            .qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.qpn);
     }
 
     /// The reason the QP is in ERR (for logs and tools).
@@ -1457,12 +1473,20 @@ impl QpOps for IwQp {
         g.access = attr.access;
         Ok(())
     }
-    fn modify_to_rtr(&self, _attr: &RtrAttr) -> Result<()> {
-        Err(VerbsError::InvalidArgument(
-            "iWARP QPs are connected by the connection manager (smc_iwarp::cm), not RTR attributes",
-        ))
+    fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        if !self.shared.dev.config.smc_links {
+            return Err(VerbsError::InvalidArgument(
+                "iWARP QPs are connected by the connection manager (smc_iwarp::cm), not RTR attributes",
+            ));
+        }
+        crate::smclink::modify_to_rtr(&self.shared, attr)
     }
     fn modify_to_rts(&self, _attr: &RtsAttr) -> Result<()> {
+        // SMC-R link mode: modify_to_rtr connected the QP (it is in RTS already).
+        let st = self.shared.lock().state;
+        if self.shared.dev.config.smc_links && st == QpState::Rts {
+            return Ok(());
+        }
         Err(VerbsError::InvalidArgument(
             "iWARP QPs are connected by the connection manager (smc_iwarp::cm), not RTS attributes",
         ))

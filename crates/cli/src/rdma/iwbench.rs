@@ -28,7 +28,7 @@ pub struct IwEp {
 }
 
 fn open(local: IpAddr, len: usize) -> Result<IwEp, RdmaError> {
-    let dev = smc_iwarp::open_device(local, &smc_iwarp::Config::from_env());
+    let dev = smc_iwarp::open_device(local, &smc_iwarp::Config::from_env())?;
     let pd = dev.alloc_pd()?;
     let scq = dev.create_cq(MAX_WR * 2)?;
     let rcq = dev.create_cq(MAX_WR * 2)?;

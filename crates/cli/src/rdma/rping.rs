@@ -57,6 +57,11 @@ pub struct MpaArgs {
     /// ORD wanted (outbound RDMA Reads); rping's rdma_cm uses 1.
     #[arg(long, default_value_t = 1)]
     pub ord: u16,
+    /// Client: milliseconds between the MPA Reply and the first FPDU. Linux siw 6.12
+    /// misses an FPDU that arrives while it is still handing the socket to its QP (see
+    /// `smc_iwarp::cm::ConnParams::first_fpdu_delay`); 0 for RFC 5044 behaviour.
+    #[arg(long = "first-fpdu-delay-ms", default_value_t = 20)]
+    pub first_fpdu_delay_ms: u64,
 }
 
 impl MpaArgs {
@@ -76,6 +81,7 @@ impl MpaArgs {
             },
             crc: self.crc,
             timeout,
+            first_fpdu_delay: Duration::from_millis(self.first_fpdu_delay_ms),
             ..Default::default()
         })
     }
@@ -159,7 +165,7 @@ struct Ep {
 
 impl Ep {
     fn open(local: IpAddr, size: usize) -> Result<Ep, RdmaError> {
-        let dev = smc_iwarp::open_device(local, &smc_iwarp::Config::from_env());
+        let dev = smc_iwarp::open_device(local, &smc_iwarp::Config::from_env())?;
         let pd = dev.alloc_pd()?;
         let scq = dev.create_cq(64)?;
         let rcq = dev.create_cq(64)?;

@@ -23,7 +23,7 @@ pub struct Ep {
 }
 
 pub fn ep_with(cfg: &Config, len: usize, access: AccessFlags) -> Ep {
-    let dev = smc_iwarp::open_device("127.0.0.1".parse().unwrap(), cfg);
+    let dev = smc_iwarp::open_device("127.0.0.1".parse().unwrap(), cfg).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let scq = dev.create_cq(4096).unwrap();
     let rcq = dev.create_cq(4096).unwrap();
