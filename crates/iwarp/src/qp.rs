@@ -149,6 +149,9 @@ pub(crate) struct Inner {
     rx_drain: bool,
     /// Why the QP entered ERR, for `error_reason`.
     error: Option<String>,
+    /// The send WR the transmit thread is writing to TCP: its completion is the transmit
+    /// thread's (success once TCP took all of it), not the flush of a concurrent ERR.
+    tx_current: Option<u64>,
     /// SMC-R link mode: the peer QP this QP is connected to.
     pub(crate) link_peer: Option<(std::net::IpAddr, u32)>,
     /// SMC-R link mode: the listener is accepting a connection onto this QP.
@@ -249,6 +252,7 @@ pub(crate) fn create(pd: &IwPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
             error: None,
             link_peer: None,
             link_claimed: false,
+            tx_current: None,
         }),
         cv: Condvar::new(),
         sock: Mutex::new(None),
@@ -364,8 +368,9 @@ impl QpShared {
         }
         g.reads.clear();
         g.resp_q.clear();
+        let current = g.tx_current;
         for f in g.inflight.iter_mut() {
-            if f.done.is_none() {
+            if f.done.is_none() && Some(f.seq) != current {
                 f.done = Some(WcStatus::WrFlushErr);
             }
         }
@@ -563,6 +568,10 @@ impl QpShared {
                                 || (h.fence && !g.reads.is_empty());
                             if !blocked {
                                 let wqe = g.sq.pop_front().expect("front exists");
+                                if !matches!(wqe.kind, SqKind::Read { .. } | SqKind::Rtr(Rtr::Read))
+                                {
+                                    g.tx_current = Some(wqe.seq);
+                                }
                                 break (Job::Wqe(wqe, crc, mulpdu), crc);
                             }
                         }
@@ -586,7 +595,22 @@ impl QpShared {
                     continue;
                 }
                 Job::Resp(r) => self.send_read_response(&mut w, &mut fb, &r, crc),
-                Job::Wqe(wqe, crc, mulpdu) => self.send_wqe(&mut w, &mut fb, wqe, crc, mulpdu),
+                Job::Wqe(wqe, crc, mulpdu) => {
+                    let seq = wqe.seq;
+                    let r = self.send_wqe(&mut w, &mut fb, wqe, crc, mulpdu);
+                    let mut out = Outbox::default();
+                    {
+                        let mut g = self.lock();
+                        if g.tx_current == Some(seq) {
+                            g.tx_current = None;
+                            if r.is_err() {
+                                self.finish(&mut g, seq, WcStatus::WrFlushErr, &mut out);
+                            }
+                        }
+                    }
+                    self.deliver(out);
+                    r
+                }
             };
             if let Err(e) = r {
                 self.fail(&format!("TCP send failed: {e}"), None);

@@ -169,15 +169,21 @@ def tshark_check(pcap, conns, errors):
     lua = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpa_6581.lua")
     r = subprocess.run(["tshark", "-X", "lua_script:" + lua, "-r", pcap, "-Y", "(%s) && tcp.len > 0" % flt,
                         "-T", "fields", "-E", "separator=\t", "-e", "frame.number", "-e", "frame.protocols",
-                        "-e", "_ws.malformed", "-e", "mpa6581.ird", "-e", "mpa6581.ord"],
+                        "-e", "_ws.malformed", "-e", "mpa6581.ird", "-e", "mpa6581.ord",
+                        "-e", "tcp.analysis.retransmission"],
                        capture_output=True, text=True, check=False)
     if r.returncode != 0:
         errors.append("tshark failed: %s" % r.stderr.strip()[-300:])
         return {}
-    n = bad = undecoded = 0
+    n = bad = undecoded = retrans = 0
     enhanced = []
     for line in r.stdout.splitlines():
-        f = (line.split("\t") + ["", "", "", "", ""])[:5]
+        f = (line.split("\t") + ["", "", "", "", "", ""])[:6]
+        if f[5]:
+            # a TCP retransmission: tshark does not dissect its payload again (our own
+            # reassembly above counts those bytes once)
+            retrans += 1
+            continue
         n += 1
         if f[3]:
             enhanced.append("IRD %s ORD %s" % (f[3], f[4]))
@@ -192,7 +198,8 @@ def tshark_check(pcap, conns, errors):
     if len(enhanced) != want:
         errors.append("tshark + mpa_6581.lua showed the enhanced data of %d frames, %d expected"
                       % (len(enhanced), want))
-    return {"frames": n, "malformed": bad, "not_iwarp": undecoded, "enhanced_shown": len(enhanced)}
+    return {"frames": n, "malformed": bad, "not_iwarp": undecoded, "enhanced_shown": len(enhanced),
+            "tcp_retransmissions": retrans}
 
 
 def main():
