@@ -136,6 +136,29 @@ if run crc-server verbs-server "SIW_CRC=1" 2 "" "--crc"; then
 	expect crc-server 1 req_crc=0 rep_crc=0 crc=0
 	expect crc-server 2 req_crc=1 rep_crc=1 crc=1
 fi
+# The checker must be able to fail: one payload byte flipped in an FPDU of the CRC capture
+# (pcap record data only, so the TCP stream still reassembles) must give a CRC error.
+if [ -s "$keep/crc-client/capture.pcap" ]; then
+	python3 - "$keep/crc-client/capture.pcap" "$keep/crc-client/corrupt.pcap" <<'PY'
+import sys
+from scapy.all import rdpcap, wrpcap, TCP, Raw
+pk = rdpcap(sys.argv[1])
+for p in pk:
+    if TCP in p and Raw in p and len(p[Raw].load) > 40 and p[TCP].sport == 7174:
+        b = bytearray(p[Raw].load)
+        b[30] ^= 0x01
+        p[Raw].load = bytes(b)
+        del p[TCP].chksum
+        break
+wrpcap(sys.argv[2], pk)
+PY
+	if python3 "$check" "$keep/crc-client/corrupt.pcap" --ports 7174 --no-tshark >"$keep/crc-client/corrupt.txt" 2>&1; then
+		echo "iwarp-siw: the checker accepted a capture with a corrupted FPDU"
+		status=1
+	else
+		echo "   the checker rejects the CRC capture with one byte flipped: $(grep -m1 ERROR "$keep/crc-client/corrupt.txt")"
+	fi
+fi
 echo "iwarp-siw: captures kept:"
 printf '  %s\n' "${captures[@]}"
 exit $status

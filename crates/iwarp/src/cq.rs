@@ -43,9 +43,10 @@ impl CqShared {
         }))
     }
 
-    /// Adds a completion and fires the CQ if it was armed for it. `Err(())` on overflow
-    /// (the completion is lost; the caller moves its QP to ERR, as IBA requires).
-    pub(crate) fn push(&self, wc: WorkCompletion) -> Result<(), ()> {
+    /// Adds a completion; `Ok(true)` when the CQ was armed for it (the caller then calls
+    /// [`CqShared::fire`], outside its locks). `Err(())` on overflow (the completion is
+    /// lost; the caller moves its QP to ERR, as IBA requires).
+    pub(crate) fn push(&self, wc: WorkCompletion) -> Result<bool, ()> {
         let fire = {
             let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             if g.q.len() >= self.cap {
@@ -62,13 +63,11 @@ impl CqShared {
             }
             fire
         };
-        if fire {
-            self.fire();
-        }
-        Ok(())
+        Ok(fire)
     }
 
-    fn fire(&self) {
+    /// Makes the event fd readable and runs the handler.
+    pub(crate) fn fire(&self) {
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
         unsafe {

@@ -152,6 +152,8 @@ pub(crate) struct Inner {
     /// The send WR the transmit thread is writing to TCP: its completion is the transmit
     /// thread's (success once TCP took all of it), not the flush of a concurrent ERR.
     tx_current: Option<u64>,
+    /// Next outbox number (see [`Outbox`]).
+    next_ticket: u64,
     /// SMC-R link mode: the peer QP this QP is connected to.
     pub(crate) link_peer: Option<(std::net::IpAddr, u32)>,
     /// SMC-R link mode: the listener is accepting a connection onto this QP.
@@ -177,13 +179,34 @@ pub(crate) struct QpShared {
     st: Mutex<Inner>,
     pub(crate) cv: Condvar,
     sock: Mutex<Option<TcpStream>>,
+    /// Number of the next outbox to deliver, and its condition variable.
+    delivered: Mutex<u64>,
+    delivered_cv: Condvar,
 }
 
-/// Completions to deliver once the QP lock is released.
+/// Completions to deliver once the QP lock is released. Outboxes are numbered (under the
+/// QP lock) when they get their first completion and delivered in that order, so that the
+/// completions of concurrent threads (transmit, receive, application) reach the CQ in the
+/// order they were made.
 #[derive(Default)]
 struct Outbox {
     send: Vec<WorkCompletion>,
     recv: Vec<WorkCompletion>,
+    ticket: Option<u64>,
+}
+
+impl Outbox {
+    fn push(&mut self, g: &mut Inner, send: bool, wc: WorkCompletion) {
+        if self.ticket.is_none() {
+            self.ticket = Some(g.next_ticket);
+            g.next_ticket += 1;
+        }
+        if send {
+            self.send.push(wc)
+        } else {
+            self.recv.push(wc)
+        }
+    }
 }
 
 /// The QP handle.
@@ -253,7 +276,10 @@ pub(crate) fn create(pd: &IwPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
             link_peer: None,
             link_claimed: false,
             tx_current: None,
+            next_ticket: 0,
         }),
+        delivered: Mutex::new(0),
+        delivered_cv: Condvar::new(),
         cv: Condvar::new(),
         sock: Mutex::new(None),
     });
@@ -296,12 +322,36 @@ impl QpShared {
     }
 
     fn deliver(&self, out: Outbox) {
-        let mut overflow = false;
-        for wc in out.send {
-            overflow |= self.send_cq.push(wc).is_err();
+        let Some(ticket) = out.ticket else { return };
+        let (mut fire_send, mut fire_recv, mut overflow) = (false, false, false);
+        {
+            // Wait for the outboxes numbered before this one (their threads are between
+            // the QP lock and here; nothing else holds this lock), then queue without
+            // calling handlers, which run after, outside every lock.
+            let mut d = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
+            while *d != ticket {
+                d = self.delivered_cv.wait(d).unwrap_or_else(|e| e.into_inner());
+            }
+            for wc in out.send {
+                match self.send_cq.push(wc) {
+                    Ok(f) => fire_send |= f,
+                    Err(()) => overflow = true,
+                }
+            }
+            for wc in out.recv {
+                match self.recv_cq.push(wc) {
+                    Ok(f) => fire_recv |= f,
+                    Err(()) => overflow = true,
+                }
+            }
+            *d += 1;
+            self.delivered_cv.notify_all();
         }
-        for wc in out.recv {
-            overflow |= self.recv_cq.push(wc).is_err();
+        if fire_send {
+            self.send_cq.fire();
+        }
+        if fire_recv && !(fire_send && Arc::ptr_eq(&self.send_cq, &self.recv_cq)) {
+            self.recv_cq.fire();
         }
         if overflow {
             self.fail("completion queue overflow", None);
@@ -328,8 +378,7 @@ impl QpShared {
             let Some(status) = h.done else { break };
             let h = g.inflight.pop_front().expect("front exists");
             if !h.internal && (h.signaled || status != WcStatus::Success) {
-                out.send
-                    .push(self.wc(h.wr_id, status, h.opcode, h.byte_len));
+                out.push(g, true, self.wc(h.wr_id, status, h.opcode, h.byte_len));
             }
         }
     }
@@ -396,12 +445,18 @@ impl QpShared {
         }
         self.reap(g, out);
         if let Some(c) = g.cur_recv.take() {
-            out.recv
-                .push(self.wc(c.wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+            out.push(
+                g,
+                false,
+                self.wc(c.wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0),
+            );
         }
         while let Some(r) = g.rq.pop_front() {
-            out.recv
-                .push(self.wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+            out.push(
+                g,
+                false,
+                self.wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0),
+            );
         }
     }
 
@@ -1276,12 +1331,11 @@ impl QpShared {
                                 // The receive's own SGE is bad: a local protection error
                                 // on our side (IBA), reported in its completion.
                                 let c = g.cur_recv.take().expect("set above");
-                                out.recv.push(self.wc(
-                                    c.wqe.wr_id,
-                                    WcStatus::LocProtErr,
-                                    WcOpcode::Recv,
-                                    0,
-                                ));
+                                out.push(
+                                    g,
+                                    false,
+                                    self.wc(c.wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0),
+                                );
                                 return Err((
                                     "receive buffer not accessible",
                                     (term::LAYER_DDP, term::DDP_CATASTROPHIC, 0),
@@ -1298,7 +1352,7 @@ impl QpShared {
                     let mut wc =
                         self.wc(c.wqe.wr_id, WcStatus::Success, WcOpcode::Recv, c.got as u32);
                     wc.solicited = matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate);
-                    out.recv.push(wc);
+                    out.push(g, false, wc);
                 }
                 Ok(())
             }
@@ -1676,8 +1730,11 @@ impl QpOps for IwQp {
             }
             for w in wrs {
                 if g.state == QpState::Err {
-                    out.recv
-                        .push(s.wc(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+                    out.push(
+                        &mut g,
+                        false,
+                        s.wc(w.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0),
+                    );
                 } else {
                     g.rq.push_back(RqWqe {
                         wr_id: w.wr_id,

@@ -801,3 +801,102 @@ fn unsupported_ops_and_states_are_errors() {
         ))
         .is_err());
 }
+
+#[test]
+fn send_with_invalidate_terminates() {
+    // RFC 5040 §6.10: our STags are memory regions, which a peer cannot invalidate.
+    let s = ep(1 << 16);
+    s.qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sg_list: &[s.mr.sge(0, 4096)],
+    })
+    .unwrap();
+    let l = smc_iwarp::cm::Listener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = addr_of(&l);
+    let sqp = s.qp.clone();
+    let t = std::thread::spawn(move || l.accept().unwrap().accept(&sqp, &ConnParams::default()));
+    let mut raw = TcpStream::connect(addr).unwrap();
+    raw.write_all(&raw_request(0, 1, &[])).unwrap();
+    read_frame(&mut raw);
+    t.join().unwrap().unwrap();
+    let mut u = vec![0x41u8, 0x44]; // untagged, last; Send with Invalidate
+    u.extend_from_slice(&s.mr.rkey().to_be_bytes()); // Invalidate STag
+    u.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]); // QN 0, MSN 1, MO 0
+    u.extend_from_slice(b"data");
+    raw.write_all(&fpdu(&u, false)).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut term = Vec::new();
+    let _ = raw.read_to_end(&mut term);
+    assert!(term.len() >= 24, "{term:?}");
+    assert_eq!(term[3] & 0x0f, 7, "Terminate");
+    assert_eq!(
+        &term[20..22],
+        &[0x02, 0x09],
+        "RDMAP / remote operation / cannot invalidate"
+    );
+    assert_eq!(wait(&s.rcq, "flushed recv").status, WcStatus::WrFlushErr);
+    assert_eq!(read_back(&s, 0, 4), vec![0u8; 4], "nothing placed");
+}
+
+#[test]
+fn enhanced_request_answered_plain_is_refused() {
+    // RFC 6581 §10: an enhanced responder MUST answer enhanced; a plain Reply to our
+    // enhanced Request ends the connect with Terminate 2/0/4 (invalid Request/Reply).
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut a, _) = l.accept().unwrap();
+        read_frame(&mut a);
+        let mut rep = b"MPA ID Rep Frame".to_vec();
+        rep.extend_from_slice(&[0, 2, 0, 0]);
+        a.write_all(&rep).unwrap();
+        let mut term = Vec::new();
+        a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = a.read_to_end(&mut term);
+        term
+    });
+    let c = ep(1 << 16);
+    match smc_iwarp::cm::connect(&c.qp, addr, &ConnParams::default()) {
+        Err(CmError::Protocol(why)) => assert!(why.contains("without enhanced"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let term = t.join().unwrap();
+    assert!(term.len() >= 24, "{term:?}");
+    assert_eq!(&term[20..22], &[0x20, 0x04]);
+}
+
+#[test]
+fn send_queue_depth_is_enforced() {
+    let c = ep(1 << 16);
+    let s = ep(1 << 16);
+    pair(&c, &s);
+    let sg = [c.mr.sge(0, 8)];
+    let wrs: Vec<SendWr<'_>> = (0..1024)
+        .map(|i| {
+            send_wr(
+                i,
+                SendOp::RdmaWrite {
+                    remote_addr: s.mr.addr(),
+                    rkey: s.mr.rkey(),
+                },
+                &sg,
+            )
+        })
+        .collect();
+    // 1024 = max_send_wr fit at once, one more does not (until completions drain)
+    c.qp.post_send_batch(&wrs).unwrap();
+    let extra = c.qp.post_send(&send_wr(
+        5000,
+        SendOp::RdmaWrite {
+            remote_addr: s.mr.addr(),
+            rkey: s.mr.rkey(),
+        },
+        &sg,
+    ));
+    if let Err(e) = extra {
+        assert!(matches!(e, smc_verbs::VerbsError::QueueFull), "{e}");
+    }
+    for _ in 0..1024 {
+        wait_ok(&c.scq, "write");
+    }
+}
