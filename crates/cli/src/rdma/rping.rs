@@ -510,8 +510,9 @@ mod tests {
         let t = ping_text(1, 20);
         assert_eq!(&t[..13], b"rdma-ping-1: ");
         assert_eq!(t[13], b'B');
-        // wrap after 'z' (122) back to 'A'
+        // ping 57 starts at 'z' (122) and wraps back to 'A'; its header is 14 bytes
         let t = ping_text(57, 40);
-        assert_eq!(t[14], b'A');
+        assert_eq!(&t[..14], b"rdma-ping-57: ");
+        assert_eq!((t[14], t[15]), (b'z', b'A'));
     }
 }
