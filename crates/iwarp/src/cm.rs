@@ -185,7 +185,7 @@ fn mulpdu(s: &TcpStream, cap: usize) -> usize {
 
 /// Writes a Terminate FPDU (MSN 1 on queue 2) straight onto the socket: used when the
 /// negotiation fails right after the Reply, before the QP runs (RFC 6581 §8, §9.1, §9.2).
-fn send_terminate(s: &mut TcpStream, code: u8, crc: bool) -> std::io::Result<()> {
+pub(crate) fn send_terminate(s: &mut TcpStream, code: u8, crc: bool) -> std::io::Result<()> {
     let mut ulpdu = [0u8; 18 + 4];
     let hdr = DdpRepr {
         last: true,

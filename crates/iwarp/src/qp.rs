@@ -515,7 +515,17 @@ impl QpShared {
             let mut g = self.lock();
             match g.state {
                 QpState::Init | QpState::Rtr => {}
-                s => return Err(VerbsError::InvalidState(s)),
+                s => {
+                    // RFC 6581 §9.3: a local error with no code of its own ends the
+                    // establishment with Terminate 2/0/5 ("local catastrophic") before
+                    // the connection is reset (here: the application moved or destroyed
+                    // the QP while the MPA exchange was in flight).
+                    drop(g);
+                    let mut st = stream;
+                    let _ =
+                        crate::cm::send_terminate(&mut st, term::MPA_LOCAL_CATASTROPHIC, setup.crc);
+                    return Err(VerbsError::InvalidState(s));
+                }
             }
             *self.sock.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
             g.fence = setup.fence;

@@ -900,3 +900,37 @@ fn send_queue_depth_is_enforced() {
         wait_ok(&c.scq, "write");
     }
 }
+
+#[test]
+fn tc_mpa_21_local_catastrophic_term5() {
+    // The application moves the QP to ERR while the MPA exchange is in flight: when the
+    // Reply arrives the initiator cannot go on and sends Terminate 2/0/5 before closing
+    // (RFC 6581 §9.3).
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let t = std::thread::spawn(move || {
+        let (mut a, _) = l.accept().unwrap();
+        read_frame(&mut a);
+        go_rx.recv().unwrap();
+        let mut rep = b"MPA ID Rep Frame".to_vec();
+        rep.extend_from_slice(&[0x10, 2, 0, 4, 0, 1, 0, 1]);
+        a.write_all(&rep).unwrap();
+        let mut term = Vec::new();
+        a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = a.read_to_end(&mut term);
+        term
+    });
+    let c = ep(1 << 16);
+    let qp = c.qp.clone();
+    let conn =
+        std::thread::spawn(move || smc_iwarp::cm::connect(&qp, addr, &ConnParams::default()));
+    std::thread::sleep(Duration::from_millis(200));
+    c.qp.modify_to_err().unwrap();
+    go_tx.send(()).unwrap();
+    assert!(conn.join().unwrap().is_err());
+    let term = t.join().unwrap();
+    assert!(term.len() >= 24, "{term:?}");
+    assert_eq!(term[3] & 0x0f, 7, "Terminate");
+    assert_eq!(&term[20..22], &[0x20, 0x05], "Layer 2 / EType 0 / code 5");
+}
