@@ -30,6 +30,14 @@ pub trait Provider: Send + Sync {
     fn device_for(&self, local: IpAddr) -> Result<Device>;
     /// Devices opened so far.
     fn devices(&self) -> Vec<Device>;
+    /// `Some(name)` when this provider's devices speak a transport that only peers
+    /// configured for the same private extension understand (e.g. SMC-R over iWARP, which
+    /// RFC 7609 does not define): the SMC-R layer then never offers them on the strength
+    /// of the TCP option alone, only to peers it was told opted in too. `None` (the
+    /// default) for RoCE.
+    fn private_transport(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Device attributes (ibverbs `ibv_device_attr` + port attributes, reduced
