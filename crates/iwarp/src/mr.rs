@@ -127,7 +127,7 @@ impl PdOps for IwPd {
         }
         let entry = self.dev.mrs.insert(
             MrEntry {
-                iova: buf.addr() + offset as u64,
+                iova: random_iova(offset),
                 buf,
                 base: offset,
                 len,
@@ -183,4 +183,12 @@ impl MrOps for IwMr {
     fn buffer(&self) -> &Arc<RdmaBuffer> {
         &self.entry.buf
     }
+}
+
+/// A region's I/O virtual address: a random page-aligned base below 2^62 (so `iova +
+/// len` never wraps) plus `offset`'s place in its page. Never the process address: a
+/// peer learns nothing of our address-space layout from an RToken (`PdOps::reg_mr`).
+fn random_iova(offset: usize) -> u64 {
+    let base = rand::random::<u64>() & 0x3fff_ffff_ffff_f000;
+    base + (offset as u64 & 0xfff)
 }
