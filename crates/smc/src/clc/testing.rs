@@ -17,8 +17,10 @@ use super::*;
 
 pub use super::reader::{ClcReader, Read};
 
+/// The UEID both test hosts are configured with.
 pub const UEID: &str = "SMC-PEER-TEST";
 
+/// A UEID table from a comma-separated list.
 pub fn ueids(list: &str) -> UeidTable {
     UeidTable::parse_list(list).unwrap()
 }
@@ -31,14 +33,17 @@ pub fn cfg() -> ClcConfig {
     c
 }
 
+/// The RoCE MAC of test host `last`.
 pub fn mac(last: u8) -> Mac {
     Mac([0x52, 0x54, 0, 0x99, 0, last])
 }
 
+/// The RoCEv2 GID (10.99.0.`last`) of test host `last`.
 pub fn gid4(last: u8) -> Gid {
     Gid::from_ipv4(Ipv4Addr::new(10, 99, 0, last))
 }
 
+/// A peer ID on test host `last`.
 pub fn pid(instance: u16, last: u8) -> PeerId {
     PeerId {
         instance,
@@ -46,9 +51,12 @@ pub fn pid(instance: u16, last: u8) -> PeerId {
     }
 }
 
+/// Host number of the client (10.99.0.2).
 pub const CLIENT_HOST: u8 = 2;
+/// Host number of the server (10.99.0.1).
 pub const SERVER_HOST: u8 = 1;
 
+/// The client host's route: v1 over IPv4 10.99.0.0/24 and v2, one device.
 pub fn client_route() -> ClientRoute {
     let dev = LocalDevice {
         gid: gid4(CLIENT_HOST),
@@ -70,6 +78,7 @@ pub fn client_route() -> ClientRoute {
     }
 }
 
+/// The server host's route: v1 prefix 10.99.0.1/24 and v2.
 pub fn server_route() -> ServerRoute {
     ServerRoute {
         peer_id: pid(0x0eef, SERVER_HOST),
@@ -81,12 +90,14 @@ pub fn server_route() -> ServerRoute {
     }
 }
 
+/// A link of a fake link group: ours, and the peer's side once known.
 #[derive(Clone, Debug)]
 pub struct FakeLink {
     pub local: LocalLink,
     pub peer: Option<PeerLinkId>,
 }
 
+/// A link group the fake runtime holds.
 #[derive(Clone, Debug)]
 pub struct FakeLgr {
     pub version: SmcVersion,
