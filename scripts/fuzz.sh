@@ -94,8 +94,11 @@ for t in "${targets[@]}"; do
   rc=$?
   set -e
   if [ "$jobs" -gt 1 ]; then cat "$work/$t"/fuzz-*.log >>"$work/$t/log" 2>/dev/null || true; fi
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t/log" | awk '{s+=$2} END {print s+0}')
-  secs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$work/$t/log" | awk '{s+=$5} END {print s+0}')
+  # (A crashed run prints no final stats: count what the log has, never fail here.)
+  execs=$({ grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t/log" || true; } |
+    awk '{s+=$2} END {print s+0}')
+  secs=$({ grep -o 'Done [0-9]* runs in [0-9]* second' "$work/$t/log" || true; } |
+    awk '{s+=$5} END {print s+0}')
   if [ $rc -ne 0 ]; then
     tail -40 "$work/$t/log" >&2
     for a in "$work/$t"/artifacts/*; do
