@@ -79,35 +79,7 @@ fuzz_target!(|data: &[u8]| {
     let mut budget = Duration::from_secs(600);
 
     loop {
-        // Outputs so far: well-formed messages.
-        for w in &sim.trace[checked..] {
-            let fmt = formats[w.from];
-            let v2 = versions[w.from] == Version::V2;
-            if v2 {
-                assert!(
-                    (LLC_LEN..=MAX_V2_LEN).contains(&w.bytes.len()),
-                    "v2 length {}",
-                    w.bytes.len()
-                );
-            } else {
-                assert_eq!(w.bytes.len(), LLC_LEN, "v1 messages are 44 bytes");
-            }
-            let back = LlcMessage::parse(&w.bytes, fmt)
-                .unwrap_or_else(|e| panic!("{} does not parse back: {e}", w.label()));
-            assert_eq!(
-                LlcOut::new(&back),
-                w.msg,
-                "{} re-parses differently",
-                w.label()
-            );
-        }
-        checked = sim.trace.len();
-        for h in [SERVER, CLIENT] {
-            if let Some(t) = sim.hosts[h].lg.poll_timeout() {
-                assert!(t >= sim.now, "host {h} asks to be woken in the past");
-            }
-        }
-
+        check(&mut sim, &mut checked, formats, versions);
         let Some(op) = inp.u8() else { break };
         let host = usize::from(op & 1);
         let link = LinkId(u32::from(op >> 1 & 3));
@@ -195,4 +167,42 @@ fuzz_target!(|data: &[u8]| {
     }
     // Whatever was injected, the machines keep running to a quiet state or terminate.
     sim.run_for(budget.min(Duration::from_secs(30)));
+    check(&mut sim, &mut checked, formats, versions);
 });
+
+/// The messages sent since the last check are well-formed, and a machine whose timer is
+/// due (a deadline in the past means "now") has none due after `on_timeout`.
+fn check(sim: &mut Sim, checked: &mut usize, formats: [LlcFormat; 2], versions: [Version; 2]) {
+    for h in [SERVER, CLIENT] {
+        if sim.hosts[h].lg.poll_timeout().is_some_and(|t| t <= sim.now) {
+            sim.with(h, |host, now| host.lg.on_timeout(now));
+            if let Some(t) = sim.hosts[h].lg.poll_timeout() {
+                assert!(
+                    t > sim.now,
+                    "host {h}: a timer is still due after on_timeout"
+                );
+            }
+        }
+    }
+    for w in &sim.trace[*checked..] {
+        let fmt = formats[w.from];
+        if versions[w.from] == Version::V2 {
+            assert!(
+                (LLC_LEN..=MAX_V2_LEN).contains(&w.bytes.len()),
+                "v2 length {}",
+                w.bytes.len()
+            );
+        } else {
+            assert_eq!(w.bytes.len(), LLC_LEN, "v1 messages are 44 bytes");
+        }
+        let back = LlcMessage::parse(&w.bytes, fmt)
+            .unwrap_or_else(|e| panic!("{} does not parse back: {e}", w.label()));
+        assert_eq!(
+            LlcOut::new(&back),
+            w.msg,
+            "{} re-parses differently",
+            w.label()
+        );
+    }
+    *checked = sim.trace.len();
+}
