@@ -575,7 +575,7 @@ impl PacketRepr {
         // 20 bytes), so it is malformed and dropped like any other.
         let rest = buf.len() - off - ICRC_LEN;
         let pad = bth.pad_count as usize;
-        if pad > rest || rest % 4 != 0 || (!op.has_payload() && rest != 0) {
+        if pad > rest || !rest.is_multiple_of(4) || (!op.has_payload() && rest != 0) {
             return Err(WireError::BadPad);
         }
         Ok(Parsed {
