@@ -121,7 +121,10 @@ fuzz_target!(|data: &[u8]| {
                 budget -= d;
                 sim.run_for(d);
             }
-            16 => {
+            // At most 255 RMBs per link group (RFC 7609 §2.1): the machine refuses more
+            // (ApiError::TooManyRmbs) and the runtime opens another link group, which
+            // the simulator does not model.
+            16 if sim.hosts[host].lg.local_rmbs().count() < 255 => {
                 sim.add_rmb(host);
             }
             17 => {
