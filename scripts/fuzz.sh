@@ -99,6 +99,8 @@ for t in "${targets[@]}"; do
     awk '{s+=$2} END {print s+0}')
   secs=$({ grep -o 'Done [0-9]* runs in [0-9]* second' "$work/$t/log" || true; } |
     awk '{s+=$5} END {print s+0}')
+  # With -jobs a crashed worker may not set the exit code: an artifact is a failure too.
+  if [ -n "$(ls -A "$work/$t/artifacts")" ] && [ $rc -eq 0 ]; then rc=1; fi
   if [ $rc -ne 0 ]; then
     tail -40 "$work/$t/log" >&2
     for a in "$work/$t"/artifacts/*; do
