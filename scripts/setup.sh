@@ -52,3 +52,8 @@ fi
 # Independent RoCEv2 ICRC checker used by the tests (scapy's RoCE layer).
 python3 -c 'import scapy' 2>/dev/null || pip install -q scapy >/dev/null 2>&1 || \
   echo "setup: warning: could not install scapy; ICRC cross-checks will be skipped" >&2
+
+# tests/system/fuzz-smoke.sh: cargo-fuzz from crates.io (builds its targets on stable
+# without a sanitizer when no nightly toolchain is installed; see scripts/fuzz.sh).
+cargo fuzz --version >/dev/null 2>&1 || cargo install --locked -q cargo-fuzz >/dev/null 2>&1 || \
+  echo "setup: warning: could not install cargo-fuzz; the fuzz smoke test will be skipped" >&2

@@ -85,6 +85,8 @@ mod env;
 mod negotiate;
 mod reader;
 mod server;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod ueid;
 
 #[cfg(test)]
