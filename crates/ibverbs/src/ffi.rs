@@ -522,6 +522,14 @@ pub enum LoadError {
     },
 }
 
+/// libloading's error with its cause (dlerror's text).
+fn why(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(s) => format!("{e}: {s}"),
+        None => e.to_string(),
+    }
+}
+
 impl Api {
     /// dlopens `lib` (normally `libibverbs.so.1`) and resolves every function.
     pub fn load(lib: &str) -> Result<Api, LoadError> {
@@ -529,7 +537,7 @@ impl Api {
         // library-internal state; no Rust invariants depend on them.
         let l = unsafe { Library::new(lib) }.map_err(|e| LoadError::Open {
             lib: lib.to_string(),
-            why: e.to_string(),
+            why: why(&e),
         })?;
         macro_rules! sym {
             ($name:literal) => {{
@@ -540,7 +548,7 @@ impl Api {
                     LoadError::Symbol {
                         lib: lib.to_string(),
                         symbol: $name,
-                        why: e.to_string(),
+                        why: why(&e),
                     }
                 })?;
                 *s

@@ -11,6 +11,7 @@
 //!   SHA-256 verification on both ends (the lossy-link test).
 
 pub mod bench;
+pub mod devices;
 pub mod endpoint;
 pub mod oob;
 pub mod pattern;
@@ -85,12 +86,20 @@ pub enum RdmaCommand {
     Transfer(transfer::Args),
     /// Print which RDMA provider this build has (exit 1 without one).
     Info,
+    /// List RDMA devices (sysfs + libibverbs), their ports and GID tables, and which
+    /// provider SMC_RS_PROVIDER gives an address (like ibv_devices / rdma link).
+    Devices(devices::Args),
 }
 
 /// `smc rdma info`.
 fn info() -> Result<(), RdmaError> {
     if cfg!(feature = "softroce") {
         println!("provider: softroce (software RoCEv2 RNIC over UDP 4791)");
+        println!("provider: ibverbs (RDMA NICs through libibverbs, loaded at run time)");
+        match smc_providers::selection_from_env() {
+            Ok(s) => println!("selection: {}={s}", smc_providers::ENV),
+            Err(e) => return Err(RdmaError::Usage(e)),
+        }
         Ok(())
     } else {
         Err(RdmaError::NoProvider(
@@ -108,6 +117,7 @@ pub fn command(cmd: &RdmaCommand) -> ExitCode {
         RdmaCommand::Selftest(a) => ("selftest", selftest::run(a)),
         RdmaCommand::Transfer(a) => ("transfer", transfer::run(a)),
         RdmaCommand::Info => ("info", info()),
+        RdmaCommand::Devices(a) => ("devices", devices::run(a)),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
