@@ -111,8 +111,9 @@ impl IbVerbs {
     /// The active MTU of a device port, asked through libibverbs (opens the device).
     pub fn port_mtu(&self, device: &str, port: u8) -> Result<smc_verbs::Mtu> {
         let pa = self.context(device)?.query_port(port)?;
-        smc_verbs::Mtu::from_enum(pa.active_mtu as u8)
-            .ok_or(VerbsError::InvalidArgument("port reports no valid active MTU"))
+        smc_verbs::Mtu::from_enum(pa.active_mtu as u8).ok_or(VerbsError::InvalidArgument(
+            "port reports no valid active MTU",
+        ))
     }
 
     fn context(&self, name: &str) -> Result<Arc<device::Ctx>> {

@@ -42,9 +42,7 @@ impl FromStr for Selection {
             "" | "auto" => Ok(Selection::Auto),
             "softroce" => Ok(Selection::SoftRoce),
             "ibverbs" => Ok(Selection::IbVerbs),
-            other => Err(format!(
-                "{ENV}={other}: expected auto, softroce or ibverbs"
-            )),
+            other => Err(format!("{ENV}={other}: expected auto, softroce or ibverbs")),
         }
     }
 }

@@ -14,6 +14,8 @@
 //! (page-aligned, zeroed, shared with the provider). Work requests name
 //! memory the ibverbs way: by virtual address, length and lkey ([`Sge`]).
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod error;
 pub mod mem;
 pub mod provider;

@@ -41,7 +41,11 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         println!(
             "{}: node_guid {} fw {} libibverbs: {}",
             d.name,
-            if d.node_guid.is_empty() { "-" } else { &d.node_guid },
+            if d.node_guid.is_empty() {
+                "-"
+            } else {
+                &d.node_guid
+            },
             if d.fw_ver.is_empty() { "-" } else { &d.fw_ver },
             if usable {
                 "usable"
@@ -67,10 +71,18 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
                 d.name,
                 p.port,
                 p.state,
-                if p.phys_state.is_empty() { "-" } else { &p.phys_state },
+                if p.phys_state.is_empty() {
+                    "-"
+                } else {
+                    &p.phys_state
+                },
                 p.link_layer,
                 mtu,
-                if ndevs.is_empty() { "-".to_string() } else { ndevs.join(",") }
+                if ndevs.is_empty() {
+                    "-".to_string()
+                } else {
+                    ndevs.join(",")
+                }
             );
             for g in &p.gids {
                 println!(

@@ -11,6 +11,7 @@
 //!   SHA-256 verification on both ends (the lossy-link test).
 
 pub mod bench;
+pub mod conformance;
 pub mod devices;
 pub mod endpoint;
 pub mod oob;
@@ -89,6 +90,8 @@ pub enum RdmaCommand {
     /// List RDMA devices (sysfs + libibverbs), their ports and GID tables, and which
     /// provider SMC_RS_PROVIDER gives an address (like ibv_devices / rdma link).
     Devices(devices::Args),
+    /// Run the provider-independent verbs conformance suite on the selected provider.
+    Conformance(conformance::Args),
 }
 
 /// `smc rdma info`.
@@ -118,6 +121,7 @@ pub fn command(cmd: &RdmaCommand) -> ExitCode {
         RdmaCommand::Transfer(a) => ("transfer", transfer::run(a)),
         RdmaCommand::Info => ("info", info()),
         RdmaCommand::Devices(a) => ("devices", devices::run(a)),
+        RdmaCommand::Conformance(a) => ("conformance", conformance::run(a)),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
