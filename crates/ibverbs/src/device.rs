@@ -524,16 +524,40 @@ impl DeviceOps for DevInner {
     }
 }
 
+/// The `ibv_pd` itself, shared by the PD handle and every MR and QP in it: ibverbs
+/// refuses to deallocate a PD that still has objects (EBUSY), whatever order the handles
+/// are dropped in.
+struct PdRaw {
+    ctx: Arc<Ctx>,
+    pd: *mut ffi::ibv_pd,
+}
+
+// SAFETY: ibv_pd may be used from any thread; the pointer is valid until Drop.
+unsafe impl Send for PdRaw {}
+// SAFETY: as above.
+unsafe impl Sync for PdRaw {}
+
+impl Drop for PdRaw {
+    fn drop(&mut self) {
+        // SAFETY: every MR and QP of this PD holds an Arc to it, so none is left.
+        let rc = unsafe { (self.ctx.api.dealloc_pd)(self.pd) };
+        if rc != 0 {
+            warn!(rc, "ibv_dealloc_pd failed");
+        }
+    }
+}
+
 struct PdInner {
+    raw: Arc<PdRaw>,
     ctx: Arc<Ctx>,
     pd: *mut ffi::ibv_pd,
     port: u8,
     gid_index: u8,
 }
 
-// SAFETY: ibv_pd may be used from any thread; the pointer is valid until Drop.
+// SAFETY: as PdRaw.
 unsafe impl Send for PdInner {}
-// SAFETY: as above.
+// SAFETY: as PdRaw.
 unsafe impl Sync for PdInner {}
 
 impl PdInner {
@@ -544,21 +568,15 @@ impl PdInner {
             return Err(errno_error("ibv_alloc_pd", 0));
         }
         Ok(PdInner {
+            raw: Arc::new(PdRaw {
+                ctx: d.ctx.clone(),
+                pd,
+            }),
             ctx: d.ctx.clone(),
             pd,
             port: d.port,
             gid_index: d.gid_index,
         })
-    }
-}
-
-impl Drop for PdInner {
-    fn drop(&mut self) {
-        // SAFETY: every MR and QP of this PD holds an Arc to it, so none is left.
-        let rc = unsafe { (self.ctx.api.dealloc_pd)(self.pd) };
-        if rc != 0 {
-            warn!(rc, "ibv_dealloc_pd failed");
-        }
     }
 }
 
@@ -603,6 +621,7 @@ impl PdOps for PdInner {
         // SAFETY: `mr` is a valid MR returned above.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
         Ok(Box::new(MrInner {
+            _pd: self.raw.clone(),
             ctx: self.ctx.clone(),
             mr,
             lkey,
@@ -661,6 +680,7 @@ impl PdOps for PdInner {
             return Err(VerbsError::DeviceGone("provider has no post_send".into()));
         };
         let inner = Arc::new(QpInner {
+            _pd: self.raw.clone(),
             ctx: self.ctx.clone(),
             qp,
             qpn,
@@ -689,6 +709,8 @@ impl PdOps for PdInner {
 }
 
 struct MrInner {
+    /// Dropped after the MR is deregistered (fields drop after `Drop::drop`).
+    _pd: Arc<PdRaw>,
     ctx: Arc<Ctx>,
     mr: *mut ffi::ibv_mr,
     lkey: u32,
@@ -976,6 +998,8 @@ impl CqOps for CqInner {
 }
 
 struct QpInner {
+    /// Dropped after the QP is destroyed.
+    _pd: Arc<PdRaw>,
     ctx: Arc<Ctx>,
     qp: *mut ffi::ibv_qp,
     qpn: u32,

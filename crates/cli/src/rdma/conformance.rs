@@ -18,6 +18,11 @@ pub struct Args {
     /// Run only the cases whose name contains this.
     #[arg(long)]
     pub only: Option<String>,
+    /// A case this RNIC is known to fail (repeatable): it still runs and its outcome is
+    /// printed as KNOWN, but it does not count (e.g. a completion status the RNIC reports
+    /// differently; README "RoCE NICs" lists Linux rxe's).
+    #[arg(long = "known")]
+    pub known: Vec<String>,
 }
 
 /// Runs the suite; fails when a case fails.
@@ -43,9 +48,14 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
         if args.only.as_deref().is_some_and(|o| !c.name.contains(o)) {
             continue;
         }
-        ran += 1;
+        let known = args.known.iter().any(|k| k == c.name);
+        if !known {
+            ran += 1;
+        }
         match (c.run)(&a, &b) {
+            Ok(()) if known => println!("KNOWN {} (passed)", c.name),
             Ok(()) => println!("PASS {}", c.name),
+            Err(e) if known => println!("KNOWN {}: {e}", c.name),
             Err(e) => {
                 failed += 1;
                 println!("FAIL {}: {e}", c.name);
