@@ -61,8 +61,12 @@ kclient)
   provider_check "$log/c2.out" ibverbs
   ;;
 kserver|gserver)
-  [ $PLAN = kserver ] && bpf_option
-  "$SMC" listen "$KPEER_LOCAL_IP:$KPEER_PORT" --echo --stats > "$log/l.out" 2> "$log/l.err" &
+  # kserver: until the harness's SIGTERM (after the kernel's connections); gserver: exits
+  # after EXPECT_CONNS connections (peer-host waits for both sides to exit)
+  count=
+  if [ $PLAN = kserver ]; then bpf_option; else count="--count ${EXPECT_CONNS:-2}"; fi
+  # shellcheck disable=SC2086
+  "$SMC" listen "$KPEER_LOCAL_IP:$KPEER_PORT" --echo --stats $count > "$log/l.out" 2> "$log/l.err" &
   lpid=$!
   trap 'kill -TERM $lpid 2>/dev/null' TERM
   wait $lpid; rc=$?
