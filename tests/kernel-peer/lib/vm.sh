@@ -262,7 +262,8 @@ stop_peer() {
 # peer_listening PORT: is a TCP socket listening on PORT in the namespace (in VM guest)?
 peer_listening() {
 	if [ "$PEER_VM" = 1 ]; then
-		vm_wait guest "peer-listening port=$1( |$)" 1 0
+		# the VM's result line: "KPEER peer-listening vm=guest port=N"
+		vm_wait guest "peer-listening vm=guest port=$1( |$)" 1 0
 		return
 	fi
 	in_ns ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
