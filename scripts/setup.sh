@@ -27,6 +27,9 @@ have make     || need+=(make)
 have gcc      || need+=(gcc)
 have nsenter  || need+=(util-linux)
 [ -e /usr/include/linux/bpf.h ]  || need+=(linux-libc-dev)
+# smc-ibverbs: tests/layout.rs checks its hand-declared structures against rdma-core's
+# verbs.h (the provider itself loads libibverbs.so.1 at run time and needs no headers).
+[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 
 # Linux kernel peer in QEMU (tests/kernel-peer); the VM's own packages (kernel,
 # busybox, rdma-core, perftest) are downloaded by the harness into its cache.

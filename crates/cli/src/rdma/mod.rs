@@ -13,6 +13,8 @@
 //!   the software iWARP RNIC (`--provider iwarp`), either role, against Linux siw.
 
 pub mod bench;
+pub mod conformance;
+pub mod devices;
 pub mod endpoint;
 pub mod iwbench;
 pub mod oob;
@@ -92,6 +94,11 @@ pub enum RdmaCommand {
     Rping(rping::Args),
     /// Print which RDMA provider this build has (exit 1 without one).
     Info,
+    /// List RDMA devices (sysfs + libibverbs), their ports and GID tables, and which
+    /// provider SMC_RS_PROVIDER gives an address (like ibv_devices / rdma link).
+    Devices(devices::Args),
+    /// Run the provider-independent verbs conformance suite on the selected provider.
+    Conformance(conformance::Args),
 }
 
 /// `smc rdma info`.
@@ -99,6 +106,11 @@ fn info() -> Result<(), RdmaError> {
     println!("provider: iwarp (software iWARP RNIC: RDMAP/DDP/MPA over TCP, RFC 6581)");
     if cfg!(feature = "softroce") {
         println!("provider: softroce (software RoCEv2 RNIC over UDP 4791)");
+        println!("provider: ibverbs (RDMA NICs through libibverbs, loaded at run time)");
+        match smc_providers::selection_from_env() {
+            Ok(s) => println!("selection: {}={s}", smc_providers::ENV),
+            Err(e) => return Err(RdmaError::Usage(e)),
+        }
         Ok(())
     } else {
         Err(RdmaError::NoProvider(
@@ -117,6 +129,8 @@ pub fn command(cmd: &RdmaCommand) -> ExitCode {
         RdmaCommand::Transfer(a) => ("transfer", transfer::run(a)),
         RdmaCommand::Rping(a) => ("rping", rping::run(a)),
         RdmaCommand::Info => ("info", info()),
+        RdmaCommand::Devices(a) => ("devices", devices::run(a)),
+        RdmaCommand::Conformance(a) => ("conformance", conformance::run(a)),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
