@@ -865,7 +865,16 @@ fn server(
             (depth_rx as usize * a.size, depth_rx)
         }
         // perftest's buffer is twice the cycle buffer; the second half must stay untouched.
-        Verb::Write | Verb::Read => (2 * region, 1),
+        Verb::Write | Verb::Read => {
+            if region > MAX_BUFFERS / 2 {
+                return Err(RdmaError::Usage(format!(
+                    "a {} server needs twice {region} bytes: more than {} MiB",
+                    if a.verb == Verb::Write { "write" } else { "read" },
+                    MAX_BUFFERS >> 20
+                )));
+            }
+            (2 * region, 1)
+        }
     };
     let data = Data::new(&pd, &dev, buf_len, a.verb == Verb::Send, recv_wr)?;
     if a.verb == Verb::Read {
