@@ -74,7 +74,7 @@ run_tools() {
 	local rc=$?
 	echo "-- $name: $mode $variant, $tools: run.sh exit $rc in $(($(date +%s) - t0)) s"
 	grep -E '^(FAIL|WARN|VERDICT)' "$log" | head -n 20
-	grep -ahE 'connected to|connection from|pings of|perftest (client|server): [0-9]|run:|error|refused' "$out/peer/peer.log" 2>/dev/null | head -n 20
+	grep -ahE 'connected to|connection from|pings of|perftest (client|server): ([0-9]|received|the client)|run:|error|refused' "$out/peer/peer.log" 2>/dev/null | head -n 20
 	if [ $rc = 4 ]; then
 		skip "$(grep -m1 'cannot run here' "$log" | sed 's/.*cannot run here: //')"
 	fi

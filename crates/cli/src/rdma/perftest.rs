@@ -453,6 +453,7 @@ impl Data {
         pd: &Pd,
         dev: &Device,
         buf_len: usize,
+        remote: AccessFlags,
         credit: bool,
         recv_wr: u32,
     ) -> Result<Data, RdmaError> {
@@ -460,9 +461,10 @@ impl Data {
         let scq = dev.create_cq(depth * 2)?;
         let rcq = dev.create_cq(recv_wr.max(1) * 2)?;
         let buf = RdmaBuffer::new(buf_len.max(64))?;
-        let access =
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        let mr = pd.reg_mr(&buf, access)?;
+        // The peer gets only what its verb needs: WRITE into a write server's buffer, READ
+        // from a read server's; a client's buffers are local.
+        let mr = pd.reg_mr(&buf, AccessFlags::LOCAL_WRITE | remote)?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | remote;
         let credit = if credit {
             let b = RdmaBuffer::new(CREDIT_SRC + 4 * CREDIT_SLOTS)?;
             let m = pd.reg_mr(&b, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
@@ -648,7 +650,14 @@ fn client(
         sys.cycle / addr_step(a.size, sys.cache_line)
     };
     // Send/write: one source slot per WR in flight. Read: one sink slot per WR in flight.
-    let data = Data::new(&pd, &dev, depth * a.size, a.verb == Verb::Send, 1)?;
+    let data = Data::new(
+        &pd,
+        &dev,
+        depth * a.size,
+        AccessFlags::empty(),
+        a.verb == Verb::Send,
+        1,
+    )?;
     let dc = connect_retry(&data.qp, addr, data_p, timeout, "data connection")?;
     eprintln!(
         "perftest client: data connection to {addr}: {}",
@@ -819,9 +828,16 @@ fn client(
         "perftest client: {} {what} of {} bytes, {mbps:.2} MB/s, {:.6} Mpps",
         a.iters, a.size, report.msg_rate
     );
-    // Closing first is what perftest's client does too (rdma_disconnect after the last
-    // block); the server waits for it.
+    // perftest's ends disconnect the data connection first and only then destroy the
+    // communication one. So do we: closing both at once can reach a siw server while its
+    // last SEND (the block above, already here) is still its active work request, which
+    // the close then completes with a local QP error and fails the server. We close the
+    // data connection and wait (bounded) until the server has closed the other.
     drop(data);
+    let deadline = progress(timeout.min(Duration::from_secs(10)));
+    while comm.qp.state() != QpState::Err && Instant::now() < deadline {
+        comm.rcq.wait(Some(Duration::from_millis(50)))?;
+    }
     drop(comm);
     Ok(())
 }
@@ -869,14 +885,23 @@ fn server(
             if region > MAX_BUFFERS / 2 {
                 return Err(RdmaError::Usage(format!(
                     "a {} server needs twice {region} bytes: more than {} MiB",
-                    if a.verb == Verb::Write { "write" } else { "read" },
+                    if a.verb == Verb::Write {
+                        "write"
+                    } else {
+                        "read"
+                    },
                     MAX_BUFFERS >> 20
                 )));
             }
             (2 * region, 1)
         }
     };
-    let data = Data::new(&pd, &dev, buf_len, a.verb == Verb::Send, recv_wr)?;
+    let remote = match a.verb {
+        Verb::Send => AccessFlags::empty(),
+        Verb::Write => AccessFlags::REMOTE_WRITE,
+        Verb::Read => AccessFlags::REMOTE_READ,
+    };
+    let data = Data::new(&pd, &dev, buf_len, remote, a.verb == Verb::Send, recv_wr)?;
     if a.verb == Verb::Read {
         let mut img = vec![0u8; buf_len];
         pattern::fill(SEED, 0, &mut img);
@@ -1036,12 +1061,15 @@ fn server(
     if let Some(p) = &a.dump {
         std::fs::write(p, &dump)?;
     }
-    // perftest's client disconnects after the last block; closing first would cut its
-    // rdma_disconnect short. Wait (bounded) until it has left.
+    // perftest's client disconnects the data connection after the last block; closing
+    // first would cut its rdma_disconnect short. Wait (bounded) until it has left, then
+    // close the data connection and, after it, the communication one.
     let deadline = progress(timeout);
     while data.qp.state() != QpState::Err && Instant::now() < deadline {
         data.scq.wait(Some(Duration::from_millis(50)))?;
     }
+    drop(data);
+    drop(comm);
     Ok(())
 }
 
