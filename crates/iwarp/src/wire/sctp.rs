@@ -376,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn sctp_7_function_codes_5_6_7() {
+    fn tc_mpa_24_sctp_function_codes_5_6_7() {
         // RFC 6581 §7 / §11: Enhanced Initiate 0x0005, Accept 0x0006, Reject 0x0007; RFC
         // 5043's 0x1..0x4 stay; PPIDs 16 (segment) and 17 (session control).
         for (v, f, e) in [
