@@ -17,6 +17,10 @@
 //!        Accept (0x6) it begins with the RFC 6581 §9 enhanced data word (IRD/ORD, A/B/C/D:
 //!        [`super::mpa::EnhancedData`]), the ULP's private data after it
 //! ```
+//! (The codes 0x5-0x7, the 512-byte limit and the PPIDs are checked against RFC 6581 and
+//! IANA; the two 16-bit fields are RFC 5043 §5.3 as we know it — its text was not at hand
+//! to check, see docs/iwarp.md "SCTP".)
+//!
 //! Function codes: 0x1 DDP Stream Session Initiate, 0x2 Accept, 0x3 Reject, 0x4 Terminate
 //! (RFC 5043); 0x5 Enhanced DDP Stream Session Initiate, 0x6 Enhanced Accept, 0x7 Enhanced
 //! Reject (RFC 6581 §7, §11). A Terminate carries no private data (RFC 6581 §7), and there
