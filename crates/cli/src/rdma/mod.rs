@@ -11,6 +11,8 @@
 //!   SHA-256 verification on both ends (the lossy-link test).
 //! - [`rping`]: rdma-core's `rping` (buffer exchange over SEND, RDMA READ and WRITE) over
 //!   the software iWARP RNIC (`--provider iwarp`), either role, against Linux siw.
+//! - [`perftest`]: perftest's `ib_send_bw` / `ib_write_bw` / `ib_read_bw` in rdma_cm mode
+//!   (`-R`) over the software iWARP RNIC, either role, against Linux siw.
 
 pub mod bench;
 pub mod conformance;
@@ -19,6 +21,7 @@ pub mod endpoint;
 pub mod iwbench;
 pub mod oob;
 pub mod pattern;
+pub mod perftest;
 pub mod pingpong;
 pub mod rping;
 pub mod selftest;
@@ -92,6 +95,9 @@ pub enum RdmaCommand {
     /// rping (rdma-core) over the software iWARP RNIC: SEND buffer exchange, RDMA READ and
     /// WRITE, every ping verified; pairs with `rping -s` / `rping -c` on Linux siw.
     Rping(rping::Args),
+    /// perftest's ib_send_bw / ib_write_bw / ib_read_bw in rdma_cm mode (-R) over the
+    /// software iWARP RNIC; pairs with `ib_<verb>_bw -R` on Linux siw (either role).
+    Perftest(perftest::Args),
     /// Print which RDMA provider this build has (exit 1 without one).
     Info,
     /// List RDMA devices (sysfs + libibverbs), their ports and GID tables, and which
@@ -128,6 +134,7 @@ pub fn command(cmd: &RdmaCommand) -> ExitCode {
         RdmaCommand::Selftest(a) => ("selftest", selftest::run(a)),
         RdmaCommand::Transfer(a) => ("transfer", transfer::run(a)),
         RdmaCommand::Rping(a) => ("rping", rping::run(a)),
+        RdmaCommand::Perftest(a) => ("perftest", perftest::run(a)),
         RdmaCommand::Info => ("info", info()),
         RdmaCommand::Devices(a) => ("devices", devices::run(a)),
         RdmaCommand::Conformance(a) => ("conformance", conformance::run(a)),
