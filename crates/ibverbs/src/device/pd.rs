@@ -106,7 +106,13 @@ impl PdOps for PdInner {
                 // SAFETY: the range lies inside `buf`, which the MR keeps alive (Arc)
                 // until it is deregistered.
                 let mr = unsafe {
-                    reg(self.pd, start as *mut c_void, len, iova, access_bits(access) as u32)
+                    reg(
+                        self.pd,
+                        start as *mut c_void,
+                        len,
+                        iova,
+                        access_bits(access) as u32,
+                    )
                 };
                 (mr, iova)
             }
