@@ -19,6 +19,7 @@
 pub mod api;
 pub mod clc;
 pub mod conn;
+pub mod endpoint;
 pub mod llc;
 pub mod runtime;
 

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 
 use super::link::{wr_cdc, LinkRes, TX_SLOTS};
 use super::{Inbox, Inner};
-use crate::clc::{LgrId, RmbId};
+use crate::clc::LgrId;
 use crate::conn::{CdcMsg, Conn, ConnStateFlags, Cursor, Events, ProducerFlags};
 
 /// Mutable state of a connection, under [`ConnShared::state`].
@@ -50,7 +50,6 @@ pub(crate) struct ConnShared {
     pub token: u32,
     pub lgr: LgrId,
     pub link: Arc<LinkRes>,
-    pub rmb_id: RmbId,
     pub rmb: Arc<RdmaBuffer>,
     pub sndbuf: Arc<RdmaBuffer>,
     pub sndbuf_mr: Mr,

@@ -458,7 +458,7 @@ impl LinkRes {
             KIND_CDC => {
                 let token = ((wc.wr_id >> 16) & 0xFFFF_FFFF) as u32;
                 let seq = (wc.wr_id & 0xFFFF) as u16;
-                if let Some(c) = stack.conn_by_token(token) {
+                if let Some(c) = stack.conn_by_token(token, self.lgr) {
                     c.on_cdc_complete(seq, ok);
                 }
             }

@@ -10,10 +10,12 @@
 
 pub(crate) mod conn;
 mod core;
+mod host;
 pub(crate) mod link;
+mod routes;
 mod sys;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -30,6 +32,8 @@ use tracing::{debug, trace, warn};
 
 use crate::clc::{ClcConfig, FallbackReason, LgrId, UeidTable};
 use crate::conn::{ConnConfig, UpdatePolicy};
+use crate::endpoint::tokens::{Route, TokenTable};
+use crate::endpoint::EndpointConfig;
 use crate::llc;
 
 pub(crate) use self::conn::ConnShared;
@@ -202,6 +206,18 @@ impl StackConfig {
         c
     }
 
+    fn endpoint_config(&self, clc: &ClcConfig) -> EndpointConfig {
+        EndpointConfig {
+            clc: clc.clone(),
+            rmb_size: self.rmb_size,
+            sndbuf_size: self.sndbuf_size.min(u32::MAX as usize) as u32,
+            rmb_cache: self.rmb_cache,
+            lgr_idle_timeout: self.lgr_idle_timeout,
+            keepalive: self.keepalive,
+            llc_reply_timeout: self.llc_reply_timeout,
+        }
+    }
+
     fn clc_config(&self) -> ClcConfig {
         let mut c = self.clc.clone();
         c.v1 = self.v1;
@@ -344,17 +360,11 @@ pub struct Stats {
     pub llc_dropped: u64,
 }
 
+/// Counters the runtime keeps itself (the endpoint counts the rest).
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub smc_total: AtomicU64,
-    pub first_contacts: AtomicU64,
-    pub fallbacks: AtomicU64,
-    pub resets: AtomicU64,
-    pub rmbs_deleted: AtomicU64,
-    pub lgrs_ended: AtomicU64,
-    pub links_failed: AtomicU64,
-    pub llc_received: AtomicU64,
     pub llc_sent: AtomicU64,
+    /// LLC messages dropped on arrival (a link's inbox was full).
     pub llc_dropped: AtomicU64,
 }
 
@@ -381,100 +391,6 @@ pub(crate) enum Inbox {
     ConnClosed,
     /// The application dropped its last handle.
     Released,
-}
-
-/// Alert tokens (RFC 7609 §4.1, A.2.3): random 32-bit values, so that a peer cannot
-/// name a connection it was not told about. A token is the only thing a CDC says about
-/// its connection; with sequential tokens a peer with a link group of its own could
-/// guess the tokens of other peers' connections and inject into them. Each token also
-/// remembers the link group it was allocated in: a CDC counts only when it arrives on
-/// a link of that link group, attached or not yet attached.
-#[derive(Default)]
-pub(crate) struct Tokens {
-    map: HashMap<u32, TokenSlot>,
-}
-
-struct TokenSlot {
-    lgr: LgrId,
-    conn: Option<Arc<ConnShared>>,
-    /// CDCs that arrived before the rendezvous finished here: on subsequent contact the
-    /// client may write as soon as its Confirm is out, so its first CDC can overtake
-    /// the Confirm's processing on our event thread.
-    early: Vec<[u8; 44]>,
-}
-
-/// Most early CDCs kept per token (a well-behaved peer sends a handful at most before
-/// the Confirm is processed: its window is our whole RMBE).
-const MAX_EARLY_CDCS: usize = 64;
-/// Most tokens in use at once (connections plus rendezvous of a stack).
-const MAX_TOKENS: usize = 1 << 20;
-
-impl Tokens {
-    /// A fresh token for a connection in link group `lgr`: random, never 0, never one
-    /// in use.
-    fn alloc(&mut self, lgr: LgrId) -> Option<u32> {
-        if self.map.len() >= MAX_TOKENS {
-            return None;
-        }
-        loop {
-            let t = rand::random::<u32>();
-            if t == 0 || self.map.contains_key(&t) {
-                continue;
-            }
-            self.map.insert(
-                t,
-                TokenSlot {
-                    lgr,
-                    conn: None,
-                    early: Vec::new(),
-                },
-            );
-            return Some(t);
-        }
-    }
-
-    /// Attaches the connection; returns the CDCs that arrived before it.
-    fn set(&mut self, token: u32, conn: Arc<ConnShared>) -> Vec<[u8; 44]> {
-        match self.map.get_mut(&token) {
-            Some(s) => {
-                s.conn = Some(conn);
-                std::mem::take(&mut s.early)
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// Keeps a CDC that arrived on a link of `lgr` for a token whose connection is not
-    /// attached yet; returns the connection instead if it is attached by now. A CDC
-    /// from another link group than the token's is dropped.
-    fn early(&mut self, token: u32, lgr: LgrId, cdc: &[u8; 44]) -> Option<Arc<ConnShared>> {
-        let s = self.map.get_mut(&token)?;
-        if s.lgr != lgr {
-            debug!(token, "CDC for a token of another link group dropped");
-            return None;
-        }
-        if let Some(c) = &s.conn {
-            return Some(c.clone());
-        }
-        if s.early.len() < MAX_EARLY_CDCS {
-            s.early.push(*cdc);
-        } else {
-            debug!(token, "too many early CDCs; dropped");
-        }
-        None
-    }
-
-    fn get(&self, token: u32) -> Option<Arc<ConnShared>> {
-        self.map.get(&token)?.conn.clone()
-    }
-
-    fn release(&mut self, token: u32) {
-        self.map.remove(&token);
-    }
-
-    fn used(&self) -> usize {
-        self.map.len()
-    }
 }
 
 /// What a rendezvous hands to the API.
@@ -560,7 +476,7 @@ pub(crate) struct Inner {
     peer_id: OnceLock<PeerId>,
     pub bpf: Result<SmcOption, Unavailable>,
     core: Mutex<Core>,
-    tokens: RwLock<Tokens>,
+    pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
     efd: EventFd,
     stop: AtomicBool,
@@ -588,33 +504,34 @@ impl Inner {
         self.efd.wake();
     }
 
-    pub(crate) fn conn_by_token(&self, token: u32) -> Option<Arc<ConnShared>> {
-        self.tokens.read().ok()?.get(token)
+    /// The connection of `token` in link group `lgr` (CDC send completions).
+    pub(crate) fn conn_by_token(&self, token: u32, lgr: LgrId) -> Option<Arc<ConnShared>> {
+        self.tokens.read().ok()?.get(token, lgr).cloned()
     }
 
-    /// A received CDC (completion thread): find the connection by its alert token and
-    /// check it came on that connection's link.
+    /// A received CDC (completion thread): to the connection its alert token names, if
+    /// it came on a link of that connection's link group; kept while the connection's
+    /// rendezvous still runs here (`endpoint::tokens`).
     pub(crate) fn on_cdc(&self, link: &link::LinkRes, bytes: &[u8; 44], now: Instant) {
         let Some(msg) = conn::from_wire(bytes) else {
             return;
         };
-        let conn = match self.conn_by_token(msg.token) {
+        let conn = match self.conn_by_token(msg.token, link.lgr) {
             Some(c) => Some(c),
             None => match self.tokens.write() {
-                Ok(mut t) => t.early(msg.token, link.lgr, bytes),
+                Ok(mut t) => match t.route(link.lgr, &msg) {
+                    Route::Conn(c) => Some(c),
+                    Route::Kept => None,
+                    Route::Dropped(why) => {
+                        trace!(token = msg.token, ?why, "CDC dropped");
+                        None
+                    }
+                },
                 Err(_) => None,
             },
         };
-        match conn {
-            Some(c) if c.lgr == link.lgr => c.on_cdc(&msg, now),
-            Some(_) => debug!(
-                token = msg.token,
-                "CDC for a connection of another link group dropped"
-            ),
-            None => trace!(
-                token = msg.token,
-                "CDC kept for later or dropped (no connection)"
-            ),
+        if let Some(c) = conn {
+            c.on_cdc(&msg, now);
         }
     }
 
@@ -688,6 +605,7 @@ impl Stack {
     /// A new stack with its own Peer ID and event thread.
     pub fn new(config: StackConfig) -> io::Result<Stack> {
         let clc = config.clc_config();
+        let ep_cfg = config.endpoint_config(&clc);
         let bpf = if config.tcp_option {
             SmcOption::open()
         } else {
@@ -703,8 +621,8 @@ impl Stack {
             instance: rand::random::<u16>(),
             peer_id: OnceLock::new(),
             bpf,
-            core: Mutex::new(Core::default()),
-            tokens: RwLock::new(Tokens::default()),
+            core: Mutex::new(Core::new(ep_cfg)),
+            tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
             efd: EventFd::new()?,
             stop: AtomicBool::new(false),
@@ -740,25 +658,17 @@ impl Stack {
     pub fn stats(&self) -> Stats {
         let mut s = self.inner.lock_core().stats();
         let c = &self.inner.counters;
-        s.alert_tokens = self.inner.tokens.read().map(|t| t.used()).unwrap_or(0);
+        s.alert_tokens = self.inner.tokens.read().map(|t| t.len()).unwrap_or(0);
         s.fds = sys::count_fds();
-        s.smc_total = c.smc_total.load(Ordering::Relaxed);
-        s.first_contacts = c.first_contacts.load(Ordering::Relaxed);
-        s.fallbacks = c.fallbacks.load(Ordering::Relaxed);
-        s.resets = c.resets.load(Ordering::Relaxed);
-        s.rmbs_deleted = c.rmbs_deleted.load(Ordering::Relaxed);
-        s.lgrs_ended = c.lgrs_ended.load(Ordering::Relaxed);
-        s.links_failed = c.links_failed.load(Ordering::Relaxed);
-        s.llc_received = c.llc_received.load(Ordering::Relaxed);
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
-        s.llc_dropped = c.llc_dropped.load(Ordering::Relaxed);
+        s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
         s
     }
 
     /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.
     pub fn terminate_link_groups(&self) {
         let mut core = self.inner.lock_core();
-        core.terminate_all(Instant::now());
+        core.terminate_all(&self.inner, Instant::now());
         drop(core);
         self.inner.wake();
     }
@@ -775,54 +685,3 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 10 item 4: a peer must not be able to guess another connection's token
-    /// (they used to be `generation << 16 | slot`, so the next one was known).
-    #[test]
-    fn alert_tokens_are_unpredictable() {
-        let mut t = Tokens::default();
-        let toks: Vec<u32> = (0..64).map(|_| t.alloc(LgrId(1)).unwrap()).collect();
-        assert!(toks.iter().all(|&x| x != 0));
-        let mut uniq = toks.clone();
-        uniq.sort_unstable();
-        uniq.dedup();
-        assert_eq!(uniq.len(), toks.len(), "tokens are unique");
-        // Sequential slots would keep the low half below 64 and the high half constant;
-        // random tokens leave both (with probability 1 - 2^-600 or so).
-        assert!(toks.iter().any(|&x| x & 0xFFFF >= 64));
-        assert!(toks.windows(2).any(|w| w[0] >> 16 != w[1] >> 16));
-        assert!(!toks
-            .windows(2)
-            .all(|w| w[1].wrapping_sub(w[0]) == toks[1].wrapping_sub(toks[0])));
-        assert_eq!(t.used(), 64);
-        for x in toks {
-            t.release(x);
-        }
-        assert_eq!(t.used(), 0);
-    }
-
-    /// Issue 10 item 4: a CDC that reaches a token before its connection is attached
-    /// counts only when it came from the link group that will own the connection.
-    #[test]
-    fn early_cdcs_only_from_the_owning_link_group() {
-        let mut t = Tokens::default();
-        let tok = t.alloc(LgrId(7)).unwrap();
-        let foreign = [0xFEu8; 44];
-        assert!(t.early(tok, LgrId(8), &foreign).is_none());
-        let mut own = [0xFEu8; 44];
-        own[1] = 44;
-        assert!(t.early(tok, LgrId(7), &own).is_none());
-        // Unknown tokens keep nothing.
-        assert!(t.early(tok.wrapping_add(1), LgrId(7), &own).is_none());
-        let m = t.map.get(&tok).unwrap();
-        assert_eq!(
-            m.early,
-            vec![own],
-            "only the owning link group's CDC was kept"
-        );
-    }
-}
