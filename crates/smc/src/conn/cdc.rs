@@ -6,6 +6,7 @@
 
 use super::cursor::Cursor;
 use bitflags::bitflags;
+use smc_wire::cdc as wcdc;
 
 bitflags! {
     /// Producer flags (CDC byte 24, RFC 7609 Appendix A.4).
@@ -57,6 +58,47 @@ pub struct CdcMsg {
 }
 
 impl CdcMsg {
+    /// The 44 bytes on the wire (RFC 7609 A.4; `smc-wire` does the layout).
+    pub fn to_bytes(&self) -> [u8; 44] {
+        let r = wcdc::CdcRepr {
+            seqno: self.seq,
+            token: self.token,
+            prod: wcdc::Cursor {
+                wrap: self.prod.wrap,
+                count: self.prod.count,
+            },
+            cons: wcdc::Cursor {
+                wrap: self.cons.wrap,
+                count: self.cons.count,
+            },
+            prod_flags: wcdc::ProducerFlags::from_bits_truncate(self.prod_flags.bits()),
+            conn_flags: wcdc::ConnStateFlags::from_bits_truncate(self.conn_flags.bits()),
+        };
+        let mut b = [0u8; 44];
+        // Never fails: the buffer is exactly 44 bytes.
+        let _ = r.emit(&mut b);
+        b
+    }
+
+    /// Parses a received CDC; `None` when the bytes are not one (a peer error: dropped).
+    pub fn from_bytes(b: &[u8]) -> Option<CdcMsg> {
+        let r = wcdc::CdcRepr::parse_bytes(b).ok()?;
+        Some(CdcMsg {
+            seq: r.seqno,
+            token: r.token,
+            prod: Cursor {
+                wrap: r.prod.wrap,
+                count: r.prod.count,
+            },
+            cons: Cursor {
+                wrap: r.cons.wrap,
+                count: r.cons.count,
+            },
+            prod_flags: ProducerFlags::from_bits_truncate(r.prod_flags.bits()),
+            conn_flags: ConnStateFlags::from_bits_truncate(r.conn_flags.bits()),
+        })
+    }
+
     /// Whether this is the failover data-validation message (F = 1, RFC 7609 §4.6.1).
     pub fn is_failover_validation(&self) -> bool {
         self.prod_flags.contains(ProducerFlags::FAILOVER)

@@ -40,6 +40,8 @@ mod env;
 mod lgr;
 mod llc_glue;
 mod rendezvous;
+#[cfg(any(test, feature = "testing"))]
+pub mod sim;
 pub mod tokens;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -727,7 +729,12 @@ impl Endpoint {
             if g.counted_pending {
                 self.server_first_pending = self.server_first_pending.saturating_sub(1);
             }
-            for rmb in std::mem::take(&mut g.rmbs).into_keys() {
+            for (rmb, r) in std::mem::take(&mut g.rmbs) {
+                // An element a failed rendezvous still held (its link group is
+                // abandoned as a whole) gives its alert token back here.
+                if let Some(t) = r.token {
+                    host.release_token(t);
+                }
                 host.free_rmb(id, llc::RmbId(rmb));
             }
             tracing::debug!(lgr = id.0, "link group freed");

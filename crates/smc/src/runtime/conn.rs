@@ -13,13 +13,12 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use smc_verbs::{Mr, RdmaBuffer};
-use smc_wire::cdc::{self as wcdc, CdcRepr};
 use tracing::{debug, warn};
 
 use super::link::{wr_cdc, LinkRes, TX_SLOTS};
 use super::{Inbox, Inner};
 use crate::clc::LgrId;
-use crate::conn::{CdcMsg, Conn, ConnStateFlags, Cursor, Events, ProducerFlags};
+use crate::conn::{CdcMsg, Conn, Events};
 
 /// Mutable state of a connection, under [`ConnShared::state`].
 pub(crate) struct ConnState {
@@ -79,45 +78,6 @@ impl std::fmt::Debug for ConnShared {
     }
 }
 
-pub(crate) fn to_wire(m: &CdcMsg) -> [u8; 44] {
-    let r = CdcRepr {
-        seqno: m.seq,
-        token: m.token,
-        prod: wcdc::Cursor {
-            wrap: m.prod.wrap,
-            count: m.prod.count,
-        },
-        cons: wcdc::Cursor {
-            wrap: m.cons.wrap,
-            count: m.cons.count,
-        },
-        prod_flags: wcdc::ProducerFlags::from_bits_truncate(m.prod_flags.bits()),
-        conn_flags: wcdc::ConnStateFlags::from_bits_truncate(m.conn_flags.bits()),
-    };
-    let mut b = [0u8; 44];
-    // Never fails: the buffer is exactly 44 bytes.
-    let _ = r.emit(&mut b);
-    b
-}
-
-pub(crate) fn from_wire(b: &[u8]) -> Option<CdcMsg> {
-    let r = CdcRepr::parse_bytes(b).ok()?;
-    Some(CdcMsg {
-        seq: r.seqno,
-        token: r.token,
-        prod: Cursor {
-            wrap: r.prod.wrap,
-            count: r.prod.count,
-        },
-        cons: Cursor {
-            wrap: r.cons.wrap,
-            count: r.cons.count,
-        },
-        prod_flags: ProducerFlags::from_bits_truncate(r.prod_flags.bits()),
-        conn_flags: ConnStateFlags::from_bits_truncate(r.conn_flags.bits()),
-    })
-}
-
 impl ConnShared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, ConnState> {
         match self.state.lock() {
@@ -174,7 +134,7 @@ impl ConnShared {
             for (i, w) in t.writes().iter().enumerate() {
                 writes[i] = (self.peer_base + u64::from(w.dst_off), w.src_off, w.len);
             }
-            let cdc = to_wire(&t.cdc);
+            let cdc = t.cdc.to_bytes();
             let res = self.link.post_transmit(
                 &writes[..n],
                 self.peer_rkey,
