@@ -51,8 +51,8 @@ struct Accepted {
 }
 
 /// The client side of one rendezvous. See the [module docs](super) for how it is driven.
-pub struct ClientMachine {
-    core: Core,
+pub(super) struct Client {
+    pub(super) core: Core,
     cfg: ClcConfig,
     route: ClientRoute,
     state: State,
@@ -61,20 +61,20 @@ pub struct ClientMachine {
     accepted: Option<Accepted>,
 }
 
-impl ClientMachine {
+impl Client {
     /// Starts the rendezvous after the TCP handshake completed.
     ///
     /// Not eligible: ends at once in a fallback, nothing is sent. Nothing to offer on
     /// this route (no device, or v2 without a UEID and v1 off): a Decline in place of the
     /// Proposal, then fallback (Linux `smc_find_proposal_devices` → NOSMCDEV). Otherwise
     /// the Proposal goes out and the Accept is awaited.
-    pub fn new(
+    pub(super) fn new(
         now: Instant,
         cfg: &ClcConfig,
         route: ClientRoute,
         eligibility: Eligibility,
     ) -> Self {
-        let mut m = ClientMachine {
+        let mut m = Client {
             core: Core::new(Role::Client, route.peer_id, cfg.os_type),
             cfg: cfg.clone(),
             route,
@@ -191,37 +191,8 @@ impl ClientMachine {
         Some(p)
     }
 
-    /// The next thing for the runtime to do.
-    pub fn poll_output(&mut self) -> Option<Output> {
-        self.core.poll_output()
-    }
-
-    /// When [`Self::on_timeout`] must be called, if a wait is running.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.core.deadline
-    }
-
-    /// How the rendezvous ended, once it has.
-    pub fn outcome(&self) -> Option<&Outcome> {
-        self.core.done.as_ref()
-    }
-
-    /// True once [`Output::Done`] was produced.
-    pub fn is_done(&self) -> bool {
-        self.core.is_done()
-    }
-
-    /// How many bytes to read from the TCP socket and pass to
-    /// [`Self::handle_tcp_bytes`] now; 0 while no CLC message is expected (leave the
-    /// bytes in the socket).
-    pub fn bytes_wanted(&self) -> usize {
-        match self.state {
-            State::WaitAccept | State::Link(_) => self.core.reader_wanted(),
-            State::WaitRkey | State::Done => 0,
-        }
-    }
-
-    fn expected(&self) -> Option<ClcType> {
+    /// The CLC message awaited now (a Decline is always accepted in its place).
+    pub(super) fn expected(&self) -> Option<ClcType> {
         match self.state {
             State::WaitAccept => Some(ClcType::Accept),
             State::Link(_) => Some(ClcType::Decline),
@@ -229,51 +200,8 @@ impl ClientMachine {
         }
     }
 
-    /// Bytes read from the TCP socket. Returns how many were taken (the rest is not
-    /// CLC: application data after a fallback, or nothing the machine expects yet).
-    pub fn handle_tcp_bytes<E: ClcEnv + ?Sized>(
-        &mut self,
-        now: Instant,
-        bytes: &[u8],
-        env: &mut E,
-    ) -> usize {
-        let mut used = 0;
-        while used < bytes.len() {
-            let Some(expected) = self.expected() else {
-                break;
-            };
-            let (n, inc) = self.core.read(&bytes[used..], expected);
-            used += n;
-            if let Some(inc) = inc {
-                self.incoming(now, inc, env);
-            }
-            if n == 0 {
-                break;
-            }
-        }
-        used
-    }
-
-    /// The TCP connection failed (an error or RST): the rendezvous ends in a reset.
-    pub fn handle_tcp_closed<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
-        if !self.core.is_done() {
-            self.core.reset(ResetReason::TcpClosed, env);
-            self.state = State::Done;
-        }
-    }
-
-    /// The peer's TCP FIN (EOF): no error during the first contact's link wait (see
-    /// `Core::peer_fin`); a reset anywhere else. Reads nothing more afterwards.
-    pub fn handle_tcp_fin<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
-        let link_wait = matches!(self.state, State::Link(_));
-        self.core.peer_fin(link_wait, env);
-        if self.core.is_done() {
-            self.state = State::Done;
-        }
-    }
-
     /// The CONFIRM RKEY asked for with [`Output::ConfirmRkey`] finished.
-    pub fn handle_rkey_confirmed<E: ClcEnv + ?Sized>(
+    pub(super) fn handle_rkey_confirmed<E: ClcEnv + ?Sized>(
         &mut self,
         now: Instant,
         result: Result<(), DeclineCode>,
@@ -289,7 +217,7 @@ impl ClientMachine {
     }
 
     /// Progress of the first link (first contact only).
-    pub fn handle_link_event<E: ClcEnv + ?Sized>(
+    pub(super) fn handle_link_event<E: ClcEnv + ?Sized>(
         &mut self,
         now: Instant,
         ev: LinkEvent,
@@ -307,7 +235,7 @@ impl ClientMachine {
     }
 
     /// The timer from [`Self::poll_timeout`] fired (or any later time).
-    pub fn on_timeout<E: ClcEnv + ?Sized>(&mut self, now: Instant, env: &mut E) {
+    pub(super) fn on_timeout<E: ClcEnv + ?Sized>(&mut self, now: Instant, env: &mut E) {
         match self.core.deadline {
             Some(d) if d <= now => {}
             _ => return,
@@ -323,6 +251,16 @@ impl ClientMachine {
             }
             State::Done => {}
         }
+    }
+
+    /// Waiting for the first link's CONFIRM LINK / ADD LINK outcome.
+    pub(super) fn in_link_wait(&self) -> bool {
+        matches!(self.state, State::Link(_))
+    }
+
+    /// The rendezvous ended (the core has the outcome).
+    pub(super) fn set_done(&mut self) {
+        self.state = State::Done;
     }
 
     fn after_link_step(&mut self, w: LinkWait, complete: bool) {
@@ -352,7 +290,12 @@ impl ClientMachine {
         self.state = State::Done;
     }
 
-    fn incoming<E: ClcEnv + ?Sized>(&mut self, now: Instant, inc: Incoming, env: &mut E) {
+    pub(super) fn incoming<E: ClcEnv + ?Sized>(
+        &mut self,
+        now: Instant,
+        inc: Incoming,
+        env: &mut E,
+    ) {
         match inc {
             Incoming::Protocol(why) => self.reset(ResetReason::Protocol(why), env),
             Incoming::Message(ClcType::Decline, bytes) => match Core::parse_decline(&bytes) {

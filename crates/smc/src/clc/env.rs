@@ -5,8 +5,8 @@
 //! tables or creates verbs objects. Exchanges that need the peer (CONFIRM RKEY, CONFIRM
 //! LINK, ADD LINK) are asynchronous instead: the machine emits an
 //! [`Output`](super::Output) and the runtime reports back through
-//! [`ClientMachine::handle_rkey_confirmed`](super::ClientMachine::handle_rkey_confirmed) /
-//! [`handle_link_event`](super::ClientMachine::handle_link_event).
+//! [`Rendezvous::handle_rkey_confirmed`](super::Rendezvous::handle_rkey_confirmed) /
+//! [`handle_link_event`](super::Rendezvous::handle_link_event).
 //!
 //! Failures are answered with the Linux Decline code the machine should send
 //! ([`DeclineCode::MEM`], [`DeclineCode::NOSMCRDEV`], [`DeclineCode::ERR_RDYLNK`], ...);

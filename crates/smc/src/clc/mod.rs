@@ -1,5 +1,6 @@
 //! The SMC-R rendezvous: CLC Proposal → Accept → Confirm (or Decline) on the TCP
-//! connection, as two sans-I/O state machines, [`ClientMachine`] and [`ServerMachine`].
+//! connection, as one sans-I/O state machine per connection, [`Rendezvous`] (client or
+//! server side).
 //!
 //! RFC 7609 §3.5.1–§3.5.3 and Appendix C, with the Linux dialect (SMC-Rv2 / v2.1,
 //! linux-smc.md §1.2–§1.8, §2.1–§2.3, §2.12). Message contents come from `smc-wire`.
@@ -11,12 +12,12 @@
 //!
 //! 1. creates the machine after the TCP handshake with the TCP-option outcome
 //!    ([`Eligibility`]) and the route facts ([`ClientRoute`] / [`ServerRoute`]);
-//! 2. reads exactly [`ClientMachine::bytes_wanted`] bytes (never more: what follows a
+//! 2. reads exactly [`Rendezvous::bytes_wanted`] bytes (never more: what follows a
 //!    Decline is application data) and passes them to `handle_tcp_bytes`; reports EOF
 //!    with `handle_tcp_fin` (no error during a first contact's link wait) and a socket
 //!    error or RST with `handle_tcp_closed`;
 //! 3. forwards the llc machine's progress ([`LinkEvent`]) and CONFIRM RKEY results;
-//! 4. calls `on_timeout(now)` at [`ClientMachine::poll_timeout`];
+//! 4. calls `on_timeout(now)` at [`Rendezvous::poll_timeout`];
 //! 5. after every call drains `poll_output()` in order: [`Output::Send`] goes on the TCP
 //!    socket, [`Output::ConfirmRkey`] to the llc machine, [`Output::OutOfSync`] /
 //!    [`Output::AbortConn`] to the link-group and connection tables, and
@@ -84,6 +85,7 @@ mod core;
 mod env;
 mod negotiate;
 mod reader;
+mod rendezvous;
 mod server;
 pub mod ueid;
 
@@ -96,7 +98,6 @@ use smc_wire::clc::ClcMessage;
 use smc_wire::common::{Eid, Gid, HostName};
 use smc_wire::decline::DeclineCode;
 
-pub use client::ClientMachine;
 pub use config::{
     AddLinkTimeout, ClcConfig, FirstLinkTimeout, ProposalLayout, V2Config, LINUX_MAX_LINKS_PER_LGR,
     MAX_CONNS_PER_LGR, MIN_CONNS_PER_LGR, MIN_LINKS_PER_LGR, OS_TYPE_LINUX, RELEASE_V2_1,
@@ -107,7 +108,7 @@ pub use env::{
     PeerRmb, ProposalIp, RmbAlloc, RmbId, ServerLgrRequest, ServerRoute, V2Params, V2Route,
     MAX_GID_LIST,
 };
-pub use server::ServerMachine;
+pub use rendezvous::Rendezvous;
 pub use ueid::{Ueid, UeidError, UeidTable};
 
 /// Which end of the TCP connection (RFC 7609 §2.2.3: the roles of a link group).

@@ -50,24 +50,24 @@ struct Chosen {
 }
 
 /// The server side of one rendezvous. See the [module docs](super) for how it is driven.
-pub struct ServerMachine {
-    core: Core,
+pub(super) struct Server {
+    pub(super) core: Core,
     cfg: ClcConfig,
     route: ServerRoute,
     state: State,
     chosen: Option<Chosen>,
 }
 
-impl ServerMachine {
+impl Server {
     /// Starts the rendezvous on an accepted TCP connection. Not eligible: ends at once in
     /// a fallback (no CLC is expected). Otherwise waits for the Proposal.
-    pub fn new(
+    pub(super) fn new(
         now: Instant,
         cfg: &ClcConfig,
         route: ServerRoute,
         eligibility: Eligibility,
     ) -> Self {
-        let mut m = ServerMachine {
+        let mut m = Server {
             core: Core::new(Role::Server, route.peer_id, cfg.os_type),
             cfg: cfg.clone(),
             route,
@@ -87,36 +87,8 @@ impl ServerMachine {
         m
     }
 
-    /// The next thing for the runtime to do.
-    pub fn poll_output(&mut self) -> Option<Output> {
-        self.core.poll_output()
-    }
-
-    /// When [`Self::on_timeout`] must be called, if a wait is running.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.core.deadline
-    }
-
-    /// How the rendezvous ended, once it has.
-    pub fn outcome(&self) -> Option<&Outcome> {
-        self.core.done.as_ref()
-    }
-
-    /// True once [`Output::Done`] was produced.
-    pub fn is_done(&self) -> bool {
-        self.core.is_done()
-    }
-
-    /// How many bytes to read from the TCP socket and pass to
-    /// [`Self::handle_tcp_bytes`] now; 0 while no CLC message is expected.
-    pub fn bytes_wanted(&self) -> usize {
-        match self.expected() {
-            Some(_) => self.core.reader_wanted(),
-            None => 0,
-        }
-    }
-
-    fn expected(&self) -> Option<ClcType> {
+    /// The CLC message awaited now (a Decline is always accepted in its place).
+    pub(super) fn expected(&self) -> Option<ClcType> {
         match self.state {
             State::WaitProposal => Some(ClcType::Proposal),
             State::WaitConfirm => Some(ClcType::Confirm),
@@ -125,49 +97,8 @@ impl ServerMachine {
         }
     }
 
-    /// Bytes read from the TCP socket. Returns how many were taken.
-    pub fn handle_tcp_bytes<E: ClcEnv + ?Sized>(
-        &mut self,
-        now: Instant,
-        bytes: &[u8],
-        env: &mut E,
-    ) -> usize {
-        let mut used = 0;
-        while used < bytes.len() {
-            let Some(expected) = self.expected() else {
-                break;
-            };
-            let (n, inc) = self.core.read(&bytes[used..], expected);
-            used += n;
-            if let Some(inc) = inc {
-                self.incoming(now, inc, env);
-            }
-            if n == 0 {
-                break;
-            }
-        }
-        used
-    }
-
-    /// The TCP connection failed (an error or RST): the rendezvous ends in a reset.
-    pub fn handle_tcp_closed<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
-        if !self.core.is_done() {
-            self.reset(ResetReason::TcpClosed, env);
-        }
-    }
-
-    /// The peer's TCP FIN (EOF): no error during the first contact's link wait (see
-    /// `Core::peer_fin`); a reset anywhere else. Reads nothing more afterwards.
-    pub fn handle_tcp_fin<E: ClcEnv + ?Sized>(&mut self, _now: Instant, env: &mut E) {
-        let link_wait = matches!(self.state, State::Link(_));
-        self.core.peer_fin(link_wait, env);
-        if self.core.is_done() {
-            self.state = State::Done;
-        }
-    }
-
     /// The CONFIRM RKEY asked for with [`Output::ConfirmRkey`] finished.
-    pub fn handle_rkey_confirmed<E: ClcEnv + ?Sized>(
+    pub(super) fn handle_rkey_confirmed<E: ClcEnv + ?Sized>(
         &mut self,
         now: Instant,
         result: Result<(), DeclineCode>,
@@ -183,7 +114,7 @@ impl ServerMachine {
     }
 
     /// Progress of the first link (first contact only).
-    pub fn handle_link_event<E: ClcEnv + ?Sized>(
+    pub(super) fn handle_link_event<E: ClcEnv + ?Sized>(
         &mut self,
         now: Instant,
         ev: LinkEvent,
@@ -205,7 +136,7 @@ impl ServerMachine {
     }
 
     /// The timer from [`Self::poll_timeout`] fired (or any later time).
-    pub fn on_timeout<E: ClcEnv + ?Sized>(&mut self, now: Instant, env: &mut E) {
+    pub(super) fn on_timeout<E: ClcEnv + ?Sized>(&mut self, now: Instant, env: &mut E) {
         match self.core.deadline {
             Some(d) if d <= now => {}
             _ => return,
@@ -222,6 +153,16 @@ impl ServerMachine {
             }
             State::Done => {}
         }
+    }
+
+    /// Waiting for the first link's CONFIRM LINK / ADD LINK outcome.
+    pub(super) fn in_link_wait(&self) -> bool {
+        matches!(self.state, State::Link(_))
+    }
+
+    /// The rendezvous ended (the core has the outcome).
+    pub(super) fn set_done(&mut self) {
+        self.state = State::Done;
     }
 
     fn after_link_step(&mut self, w: LinkWait, complete: bool) {
@@ -244,7 +185,12 @@ impl ServerMachine {
         self.state = State::Done;
     }
 
-    fn incoming<E: ClcEnv + ?Sized>(&mut self, now: Instant, inc: Incoming, env: &mut E) {
+    pub(super) fn incoming<E: ClcEnv + ?Sized>(
+        &mut self,
+        now: Instant,
+        inc: Incoming,
+        env: &mut E,
+    ) {
         match inc {
             Incoming::Protocol(why) => self.reset(ResetReason::Protocol(why), env),
             Incoming::Message(ClcType::Decline, bytes) => match Core::parse_decline(&bytes) {

@@ -51,14 +51,14 @@ use std::time::{Duration, Instant};
 use smc_wire::common::{BufSize, Gid, Mac, QpMtu};
 
 use crate::clc::{
-    self, ClcConfig, ClientMachine, ClientRoute, Contact, Eligibility, FallbackReason, LgrId,
-    ResetReason, ServerMachine, ServerRoute, SmcVersion, V2Route,
+    self, ClcConfig, ClientRoute, Contact, Eligibility, FallbackReason, LgrId, Rendezvous,
+    ResetReason, ServerRoute, SmcVersion, V2Route,
 };
 use crate::conn::{AbortReason, ConnParams};
 use crate::llc::{self, DeviceId, QpInfo, RToken, SendId};
 
 use self::lgr::Lgr;
-use self::rendezvous::{Machine, Note, Rdv};
+use self::rendezvous::{Note, Rdv};
 
 pub use self::lgr::{LgrListing, LinkListing};
 
@@ -342,11 +342,9 @@ impl Endpoint {
         eligibility: Eligibility,
         device: Option<DeviceId>,
     ) {
-        let m = ClientMachine::new(now, &self.cfg.clc, route, eligibility);
-        self.rdvs.insert(
-            tcp,
-            Rdv::new(Machine::Client(Box::new(m)), local, peer, device, true),
-        );
+        let m = Rendezvous::client(now, &self.cfg.clc, route, eligibility);
+        self.rdvs
+            .insert(tcp, Rdv::new(m, local, peer, device, true));
         self.step(now, host, tcp, |_, _| {});
         self.settle(now, host);
     }
@@ -365,11 +363,9 @@ impl Endpoint {
         eligibility: Eligibility,
         device: Option<DeviceId>,
     ) {
-        let m = ServerMachine::new(now, &self.cfg.clc, route, eligibility);
-        self.rdvs.insert(
-            tcp,
-            Rdv::new(Machine::Server(Box::new(m)), local, peer, device, false),
-        );
+        let m = Rendezvous::server(now, &self.cfg.clc, route, eligibility);
+        self.rdvs
+            .insert(tcp, Rdv::new(m, local, peer, device, false));
         self.step(now, host, tcp, |_, _| {});
         self.settle(now, host);
     }
@@ -389,7 +385,7 @@ impl Endpoint {
 
     /// Server rendezvous wait for a running first contact before reading anything.
     fn gated(&self, r: &Rdv) -> bool {
-        !r.started && r.machine.is_server() && self.server_first_pending > 0
+        !r.started && r.machine.role() == clc::Role::Server && self.server_first_pending > 0
     }
 
     /// The TCP connections of running rendezvous.

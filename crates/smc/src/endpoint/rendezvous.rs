@@ -9,17 +9,9 @@ use tracing::{debug, info, warn};
 
 use super::env::Env;
 use super::{llc_link, ConnEntry, Endpoint, Host, NewConn, Output, RendezvousOutcome, TcpId};
-use crate::clc::{
-    self, ClientMachine, LgrId, LinkEvent, Outcome, Output as ClcOutput, ServerMachine,
-};
+use crate::clc::{self, LgrId, LinkEvent, Outcome, Output as ClcOutput, Rendezvous};
 use crate::conn::{ConnParams, RmbeGeometry};
 use crate::llc::{self, DeviceId, RToken};
-
-/// The clc machine of one rendezvous.
-pub(super) enum Machine {
-    Client(Box<ClientMachine>),
-    Server(Box<ServerMachine>),
-}
 
 /// A milestone for a rendezvous, delivered after the step that produced it.
 pub(super) enum Note {
@@ -29,7 +21,7 @@ pub(super) enum Note {
 
 /// One running rendezvous.
 pub(super) struct Rdv {
-    pub machine: Machine,
+    pub machine: Rendezvous,
     pub local: IpAddr,
     pub peer: IpAddr,
     pub device: Option<DeviceId>,
@@ -42,7 +34,7 @@ pub(super) struct Rdv {
 
 impl Rdv {
     pub fn new(
-        machine: Machine,
+        machine: Rendezvous,
         local: IpAddr,
         peer: IpAddr,
         device: Option<DeviceId>,
@@ -57,71 +49,6 @@ impl Rdv {
             lgr_refs: Vec::new(),
             done: false,
         }
-    }
-}
-
-impl Machine {
-    pub fn poll_output(&mut self) -> Option<ClcOutput> {
-        match self {
-            Machine::Client(m) => m.poll_output(),
-            Machine::Server(m) => m.poll_output(),
-        }
-    }
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        match self {
-            Machine::Client(m) => m.poll_timeout(),
-            Machine::Server(m) => m.poll_timeout(),
-        }
-    }
-    pub fn bytes_wanted(&self) -> usize {
-        match self {
-            Machine::Client(m) => m.bytes_wanted(),
-            Machine::Server(m) => m.bytes_wanted(),
-        }
-    }
-    pub fn handle_tcp_bytes(&mut self, now: Instant, b: &[u8], env: &mut Env<'_>) -> usize {
-        match self {
-            Machine::Client(m) => m.handle_tcp_bytes(now, b, env),
-            Machine::Server(m) => m.handle_tcp_bytes(now, b, env),
-        }
-    }
-    pub fn handle_tcp_fin(&mut self, now: Instant, env: &mut Env<'_>) {
-        match self {
-            Machine::Client(m) => m.handle_tcp_fin(now, env),
-            Machine::Server(m) => m.handle_tcp_fin(now, env),
-        }
-    }
-    pub fn handle_tcp_closed(&mut self, now: Instant, env: &mut Env<'_>) {
-        match self {
-            Machine::Client(m) => m.handle_tcp_closed(now, env),
-            Machine::Server(m) => m.handle_tcp_closed(now, env),
-        }
-    }
-    pub fn handle_rkey_confirmed(
-        &mut self,
-        now: Instant,
-        r: Result<(), DeclineCode>,
-        env: &mut Env<'_>,
-    ) {
-        match self {
-            Machine::Client(m) => m.handle_rkey_confirmed(now, r, env),
-            Machine::Server(m) => m.handle_rkey_confirmed(now, r, env),
-        }
-    }
-    pub fn handle_link_event(&mut self, now: Instant, e: LinkEvent, env: &mut Env<'_>) {
-        match self {
-            Machine::Client(m) => m.handle_link_event(now, e, env),
-            Machine::Server(m) => m.handle_link_event(now, e, env),
-        }
-    }
-    pub fn on_timeout(&mut self, now: Instant, env: &mut Env<'_>) {
-        match self {
-            Machine::Client(m) => m.on_timeout(now, env),
-            Machine::Server(m) => m.on_timeout(now, env),
-        }
-    }
-    pub fn is_server(&self) -> bool {
-        matches!(self, Machine::Server(_))
     }
 }
 

@@ -269,7 +269,7 @@ impl Watch {
 /// Moves the clock like a correct runtime: every timer due fires at its deadline, and
 /// what it produces is checked at that time.
 fn advance(
-    m: &mut impl Machine,
+    m: &mut Rendezvous,
     env: &mut FakeEnv,
     now: &mut Instant,
     by: Duration,
@@ -295,7 +295,7 @@ fn advance(
 /// Delivers bytes in random pieces, only as many as the machine asks for.
 fn deliver(
     r: &mut Rng,
-    m: &mut impl Machine,
+    m: &mut Rendezvous,
     env: &mut FakeEnv,
     now: Instant,
     bytes: &[u8],
@@ -405,7 +405,7 @@ fn run_client(seed: u64) -> &'static str {
     if r.chance(20) {
         route.v1 = None;
     }
-    let mut m = ClientMachine::new(now, &ccfg, route, Eligibility::BothAnnounced);
+    let mut m = Rendezvous::client(now, &ccfg, route, Eligibility::BothAnnounced);
     let first = w.check(Role::Client, drain(&mut m), now);
     // A real server answers the Proposal; its Accept is the valid template.
     let mut templates: Vec<Vec<u8>> = Vec::new();
@@ -413,7 +413,7 @@ fn run_client(seed: u64) -> &'static str {
         let scfg = random_cfg(&mut r);
         let mut senv = FakeEnv::new(SERVER_HOST);
         senv.full = r.chance(20);
-        let mut s = ServerMachine::new(now, &scfg, server_route(), Eligibility::BothAnnounced);
+        let mut s = Rendezvous::server(now, &scfg, server_route(), Eligibility::BothAnnounced);
         let outs = feed_msg(&mut s, now, &ClcMessage::Proposal(p.clone()), &mut senv);
         for msg in sent(&outs) {
             let mut b = msg.to_vec().unwrap();
@@ -582,14 +582,14 @@ fn run_server(seed: u64) -> &'static str {
     }
     let lgrs_before = env.lgr_count();
     let mut w = Watch::default();
-    let mut m = ServerMachine::new(now, &scfg, server_route(), Eligibility::BothAnnounced);
+    let mut m = Rendezvous::server(now, &scfg, server_route(), Eligibility::BothAnnounced);
     w.check(Role::Server, drain(&mut m), now);
     let ccfg = random_cfg(&mut r);
     let mut croute = client_route();
     if r.chance(20) {
         croute.v1 = None;
     }
-    let mut peer = ClientMachine::new(now, &ccfg, croute, Eligibility::BothAnnounced);
+    let mut peer = Rendezvous::client(now, &ccfg, croute, Eligibility::BothAnnounced);
     let mut templates: Vec<Vec<u8>> = sent(&drain(&mut peer))
         .iter()
         .map(|m| m.to_vec().unwrap())

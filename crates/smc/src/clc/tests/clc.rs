@@ -80,7 +80,7 @@ fn tc_clc_02_proposal_ipv6_k1_k8() {
             });
         }
         route.v1.as_mut().unwrap().1 = ProposalIp::V6 { prefixes };
-        let mut m = ClientMachine::new(t0(), &rfc_v1(), route, Eligibility::BothAnnounced);
+        let mut m = Rendezvous::client(t0(), &rfc_v1(), route, Eligibility::BothAnnounced);
         let b = bytes_of(&drain(&mut m));
         assert_eq!(b.len(), 52 + 17 * k, "k = {k}");
         assert_eq!(b[47] as usize, k);
@@ -104,7 +104,7 @@ fn linux_layout_proposal_sizes() {
     assert_eq!(&ClcMessage::Proposal(p).to_vec().unwrap()[38..40], &[0, 40]);
     let mut route = client_route();
     route.v1 = None;
-    let mut m = ClientMachine::new(t0(), &cfg(), route, Eligibility::BothAnnounced);
+    let mut m = Rendezvous::client(t0(), &cfg(), route, Eligibility::BothAnnounced);
     let p = only_proposal(&drain(&mut m));
     let b = ClcMessage::Proposal(p.clone()).to_vec().unwrap();
     assert_eq!(b.len(), 156);
@@ -675,8 +675,8 @@ fn tc_topt_03_04_not_eligible_sends_nothing() {
             reason: "peer did not announce SMC-R".into(),
         };
         let outs = match role {
-            Role::Client => drain(&mut ClientMachine::new(t0(), &cfg(), client_route(), why)),
-            Role::Server => drain(&mut ServerMachine::new(t0(), &cfg(), server_route(), why)),
+            Role::Client => drain(&mut Rendezvous::client(t0(), &cfg(), client_route(), why)),
+            Role::Server => drain(&mut Rendezvous::server(t0(), &cfg(), server_route(), why)),
         };
         assert!(sent(&outs).is_empty());
         let f = fallback(done(&outs));
@@ -690,7 +690,7 @@ fn tc_topt_03_04_not_eligible_sends_nothing() {
 
 #[test]
 fn policy_override_starts_clc() {
-    let mut m = ClientMachine::new(
+    let mut m = Rendezvous::client(
         t0(),
         &cfg(),
         client_route(),

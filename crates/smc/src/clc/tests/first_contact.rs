@@ -142,7 +142,7 @@ fn tc_fc_05_ipv6_zero_prefixes() {
     croute.v1.as_mut().unwrap().1 = ProposalIp::V6 {
         prefixes: ArrayVec::new(),
     };
-    let mut m = ClientMachine::new(now, &v1(), croute, Eligibility::BothAnnounced);
+    let mut m = Rendezvous::client(now, &v1(), croute, Eligibility::BothAnnounced);
     let outs = drain(&mut m);
     let d = assert_declined(&outs, DeclineCode::NOSMCDEV);
     assert_eq!(d.version, 1, "Decline in place of the Proposal");
@@ -294,7 +294,7 @@ fn tc_fc_15_client_confirm_link_rsp_send_error() {
 }
 
 /// A server in the link wait (Confirm processed).
-fn server_in_link_wait(c: &ClcConfig) -> (ServerMachine, FakeEnv, Instant) {
+fn server_in_link_wait(c: &ClcConfig) -> (Rendezvous, FakeEnv, Instant) {
     let now = t0();
     let mut senv = FakeEnv::new(SERVER_HOST);
     let mut cenv = FakeEnv::new(CLIENT_HOST);

@@ -181,7 +181,7 @@ fn our_server_accepts_linux_proposal() {
     let f = fixtures();
     let now = t0();
     let mut env = FakeEnv::new(SERVER_HOST);
-    let mut s = ServerMachine::new(
+    let mut s = Rendezvous::server(
         now,
         &linux_like_cfg(),
         server_route(),
@@ -217,7 +217,7 @@ fn our_server_completes_with_linux_confirm() {
     let f = fixtures();
     let now = t0();
     let mut env = FakeEnv::new(SERVER_HOST);
-    let mut s = ServerMachine::new(
+    let mut s = Rendezvous::server(
         now,
         &linux_like_cfg(),
         server_route(),
@@ -252,7 +252,7 @@ fn our_client_accepts_linux_accept() {
     let mut env = FakeEnv::new(CLIENT_HOST);
     let mut route = client_route();
     route.v1 = None; // like the Linux client of the capture: v2 only
-    let mut c = ClientMachine::new(now, &linux_like_cfg(), route, Eligibility::BothAnnounced);
+    let mut c = Rendezvous::client(now, &linux_like_cfg(), route, Eligibility::BothAnnounced);
     let prop = bytes_of(&drain(&mut c));
     // Our Proposal has the same layout as Linux's (156 bytes, same flags, same v2 area).
     assert_eq!(prop.len(), f.proposal.len());
@@ -308,7 +308,7 @@ fn our_client_handles_linux_subsequent_accept() {
     let mut route = client_route();
     route.v1 = None;
     let c0 = linux_like_cfg();
-    let mut c = ClientMachine::new(now, &c0, route.clone(), Eligibility::BothAnnounced);
+    let mut c = Rendezvous::client(now, &c0, route.clone(), Eligibility::BothAnnounced);
     drain(&mut c);
     feed(&mut c, now, &f.accept_first, &mut env);
     for ev in [LinkEvent::FirstLinkUp, LinkEvent::SecondLinkSettled] {
@@ -316,7 +316,7 @@ fn our_client_handles_linux_subsequent_accept() {
     }
     smc(done(&drain(&mut c)));
     // Second connection: Linux's 108-byte Accept with F = 0 names the same link.
-    let mut c = ClientMachine::new(now, &c0, route, Eligibility::BothAnnounced);
+    let mut c = Rendezvous::client(now, &c0, route, Eligibility::BothAnnounced);
     drain(&mut c);
     let outs = feed(&mut c, now, &f.accept_next, &mut env);
     let ours = bytes_of(&outs);
@@ -362,7 +362,7 @@ fn our_decline_to_linux_proposal_matches_linux() {
     c.v2_config.ueids = ueids("SMC-PEER-OTHER");
     let now = t0();
     let mut env = FakeEnv::new(SERVER_HOST);
-    let mut s = ServerMachine::new(now, &c, server_route(), Eligibility::BothAnnounced);
+    let mut s = Rendezvous::server(now, &c, server_route(), Eligibility::BothAnnounced);
     let ours = bytes_of(&feed(&mut s, now, &f.proposal, &mut env));
     let theirs = linux_decline();
     assert_eq!(ours.len(), 44);

@@ -400,41 +400,8 @@ impl ClcEnv for FakeEnv {
     }
 }
 
-/// Either machine, for helpers that serve both.
-pub(super) trait Machine {
-    fn poll_output(&mut self) -> Option<Output>;
-    fn poll_timeout(&self) -> Option<Instant>;
-    fn bytes_wanted(&self) -> usize;
-    fn handle_tcp_bytes(&mut self, now: Instant, bytes: &[u8], env: &mut FakeEnv) -> usize;
-    fn on_timeout(&mut self, now: Instant, env: &mut FakeEnv);
-}
-
-macro_rules! impl_machine {
-    ($t:ty) => {
-        impl Machine for $t {
-            fn poll_output(&mut self) -> Option<Output> {
-                <$t>::poll_output(self)
-            }
-            fn poll_timeout(&self) -> Option<Instant> {
-                <$t>::poll_timeout(self)
-            }
-            fn bytes_wanted(&self) -> usize {
-                <$t>::bytes_wanted(self)
-            }
-            fn handle_tcp_bytes(&mut self, now: Instant, bytes: &[u8], env: &mut FakeEnv) -> usize {
-                <$t>::handle_tcp_bytes(self, now, bytes, env)
-            }
-            fn on_timeout(&mut self, now: Instant, env: &mut FakeEnv) {
-                <$t>::on_timeout(self, now, env)
-            }
-        }
-    };
-}
-impl_machine!(ClientMachine);
-impl_machine!(ServerMachine);
-
 /// All outputs so far.
-pub(super) fn drain(m: &mut impl Machine) -> Vec<Output> {
+pub(super) fn drain(m: &mut Rendezvous) -> Vec<Output> {
     std::iter::from_fn(|| m.poll_output()).collect()
 }
 
@@ -555,15 +522,15 @@ pub(super) fn secs(s: f64) -> Duration {
 }
 
 /// A client that sent its Proposal.
-pub(super) fn client(now: Instant, c: &ClcConfig) -> (ClientMachine, ProposalRepr) {
-    let mut m = ClientMachine::new(now, c, client_route(), Eligibility::BothAnnounced);
+pub(super) fn client(now: Instant, c: &ClcConfig) -> (Rendezvous, ProposalRepr) {
+    let mut m = Rendezvous::client(now, c, client_route(), Eligibility::BothAnnounced);
     let outs = drain(&mut m);
     (m, only_proposal(&outs))
 }
 
 /// A server waiting for a Proposal.
-pub(super) fn server(now: Instant, c: &ClcConfig) -> ServerMachine {
-    let mut m = ServerMachine::new(now, c, server_route(), Eligibility::BothAnnounced);
+pub(super) fn server(now: Instant, c: &ClcConfig) -> Rendezvous {
+    let mut m = Rendezvous::server(now, c, server_route(), Eligibility::BothAnnounced);
     assert!(drain(&mut m).is_empty());
     m
 }
@@ -571,7 +538,7 @@ pub(super) fn server(now: Instant, c: &ClcConfig) -> ServerMachine {
 /// Feeds bytes; asserts they were all taken.
 #[track_caller]
 pub(super) fn feed(
-    m: &mut impl Machine,
+    m: &mut Rendezvous,
     now: Instant,
     bytes: &[u8],
     env: &mut FakeEnv,
@@ -582,7 +549,7 @@ pub(super) fn feed(
 }
 
 pub(super) fn feed_msg(
-    m: &mut impl Machine,
+    m: &mut Rendezvous,
     now: Instant,
     msg: &ClcMessage,
     env: &mut FakeEnv,
@@ -593,8 +560,8 @@ pub(super) fn feed_msg(
 /// A client and a server back to back, with a fake llc for the first link.
 pub(super) struct Pair {
     pub now: Instant,
-    pub c: ClientMachine,
-    pub s: ServerMachine,
+    pub c: Rendezvous,
+    pub s: Rendezvous,
     pub cenv: FakeEnv,
     pub senv: FakeEnv,
     pub c_out: Vec<Output>,
@@ -644,8 +611,8 @@ impl Pair {
     ) -> Pair {
         Pair {
             now,
-            c: ClientMachine::new(now, ccfg, croute, Eligibility::BothAnnounced),
-            s: ServerMachine::new(now, scfg, sroute, Eligibility::BothAnnounced),
+            c: Rendezvous::client(now, ccfg, croute, Eligibility::BothAnnounced),
+            s: Rendezvous::server(now, scfg, sroute, Eligibility::BothAnnounced),
             cenv,
             senv,
             c_out: Vec::new(),

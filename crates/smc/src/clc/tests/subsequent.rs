@@ -288,7 +288,7 @@ fn tc_sc_17_per_process_peer_id() {
     let mut p = established(&v1());
     let mut route = client_route();
     route.peer_id.instance ^= 0xffff;
-    p.c = ClientMachine::new(p.now, &v1(), route, Eligibility::BothAnnounced);
+    p.c = Rendezvous::client(p.now, &v1(), route, Eligibility::BothAnnounced);
     let (_, s) = p.run();
     assert_eq!(smc(Some(&s)).contact, Contact::First);
     assert_eq!(p.senv.lgr_count(), 2);

@@ -14,9 +14,9 @@ fn v2_only_route() -> ClientRoute {
 fn client_and_accept(
     ccfg: &ClcConfig,
     route: ClientRoute,
-) -> (ClientMachine, AcceptConfirmRepr, Instant) {
+) -> (Rendezvous, AcceptConfirmRepr, Instant) {
     let now = t0();
-    let mut c = ClientMachine::new(now, ccfg, route, Eligibility::BothAnnounced);
+    let mut c = Rendezvous::client(now, ccfg, route, Eligibility::BothAnnounced);
     let prop = only_proposal(&drain(&mut c));
     let mut senv = FakeEnv::new(SERVER_HOST);
     let mut s = server(now, &cfg());
@@ -53,12 +53,12 @@ fn with_fce(
 
 /// A server that answered a v2-only Proposal and got the client's first Confirm back,
 /// returned before the Confirm is processed.
-fn server_and_confirm() -> (ServerMachine, FakeEnv, AcceptConfirmRepr, Instant) {
+fn server_and_confirm() -> (Rendezvous, FakeEnv, AcceptConfirmRepr, Instant) {
     let now = t0();
     let mut senv = FakeEnv::new(SERVER_HOST);
     let mut cenv = FakeEnv::new(CLIENT_HOST);
     let mut s = server(now, &cfg());
-    let mut c = ClientMachine::new(now, &cfg(), v2_only_route(), Eligibility::BothAnnounced);
+    let mut c = Rendezvous::client(now, &cfg(), v2_only_route(), Eligibility::BothAnnounced);
     let prop = bytes_of(&drain(&mut c));
     let acc = bytes_of(&feed(&mut s, now, &prop, &mut senv));
     let conf = only_confirm(&feed(&mut c, now, &acc, &mut cenv));
@@ -176,7 +176,7 @@ fn v2_only_eid_mismatch_is_nosmcdev() {
 
 #[test]
 fn v2_offer_without_eid_is_noueid() {
-    let mut c = ClientMachine::new(t0(), &cfg(), v2_only_route(), Eligibility::BothAnnounced);
+    let mut c = Rendezvous::client(t0(), &cfg(), v2_only_route(), Eligibility::BothAnnounced);
     let mut prop = only_proposal(&drain(&mut c));
     if let ProposalBody::V2 { v2: Some(ext), .. } = &mut prop.body {
         ext.eids.clear();
@@ -195,7 +195,7 @@ fn client_without_ueid_offers_v1_only() {
     let (_, p) = client(t0(), &c);
     assert_eq!((p.typev1, p.typev2), (PathType::R, PathType::N));
     // And with no v1 route either: a Decline in place of the Proposal (Linux).
-    let mut m = ClientMachine::new(t0(), &c, v2_only_route(), Eligibility::BothAnnounced);
+    let mut m = Rendezvous::client(t0(), &c, v2_only_route(), Eligibility::BothAnnounced);
     assert_declined(&drain(&mut m), DeclineCode::NOSMCDEV);
 }
 
@@ -231,7 +231,7 @@ fn server_without_v2_route() {
 
 #[test]
 fn smcd_only_proposal() {
-    let mut c = ClientMachine::new(t0(), &cfg(), v2_only_route(), Eligibility::BothAnnounced);
+    let mut c = Rendezvous::client(t0(), &cfg(), v2_only_route(), Eligibility::BothAnnounced);
     let mut prop = only_proposal(&drain(&mut c));
     prop.typev1 = PathType::D;
     prop.typev2 = PathType::N;
@@ -280,7 +280,7 @@ fn max_conns_and_max_links_both_directions() {
         (15u8, 2u8, DeclineCode::MAXCONNERR),
         (255, 0, DeclineCode::MAXLINKERR),
     ] {
-        let mut c = ClientMachine::new(t0(), &cfg(), v2_only_route(), Eligibility::BothAnnounced);
+        let mut c = Rendezvous::client(t0(), &cfg(), v2_only_route(), Eligibility::BothAnnounced);
         let mut prop = only_proposal(&drain(&mut c));
         if let ProposalBody::V2 { v2: Some(ext), .. } = &mut prop.body {
             ext.max_conns = conns;
@@ -353,7 +353,7 @@ fn single_link_group_completes_without_add_link() {
         let mut senv = FakeEnv::new(SERVER_HOST);
         let mut cenv = FakeEnv::new(CLIENT_HOST);
         let mut s = server(now, &small);
-        let mut c = ClientMachine::new(now, &cfg(), v2_only_route(), Eligibility::BothAnnounced);
+        let mut c = Rendezvous::client(now, &cfg(), v2_only_route(), Eligibility::BothAnnounced);
         let prop = bytes_of(&drain(&mut c));
         let acc = bytes_of(&feed(&mut s, now, &prop, &mut senv));
         let conf = only_confirm(&feed(&mut c, now, &acc, &mut cenv));
