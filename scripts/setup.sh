@@ -36,6 +36,10 @@ have depmod   || need+=(kmod)
 have xz       || need+=(xz-utils)
 have zstd     || need+=(zstd)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+# RDMA_DEV=siw (tests/system/iwarp-siw.sh): Debian builds no siw, the harness compiles
+# siw.ko from the kernel source (it installs the matching linux-headers itself).
+[ -e /usr/src/linux-source-6.12.tar.xz ] || need+=(linux-source-6.12)
+compgen -G '/usr/src/linux-headers-6.12.*-amd64' >/dev/null || need+=(linux-headers-6.12-amd64)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2

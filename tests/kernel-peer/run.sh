@@ -57,8 +57,9 @@ done
 : "${BUFSIZE:=}" "${UEID:=SMC-RS-KPEER}" "${SERVER_UEID:=}" "${CLIENT_UEID:=}" "${PEER_UEID:=}"
 : "${SYSCTLS=net.smc.smcr_testlink_time=5}" "${TEARDOWN:=none}" "${EXPECT:=}"
 : "${CHECK_TESTLINK:=0}" "${CHECK_OPTION:=0}" "${IOTIMEOUT:=30}" "${DMESG_FAIL:=}"
-: "${VERBS_TOOLS:=pingpong,write_bw,send_bw,send_lat}" "${VERBS_ITERS:=100}" "${VERBS_SIZE:=}"
+: "${VERBS_ITERS:=100}" "${VERBS_SIZE:=}"
 : "${VERBS_TIMEOUT:=60}" "${VERBS_ARGS:=}" "${VERBS_CHK:=1}" "${VERBS_PORT:=18515}"
+: "${RDMA_DEV:=rxe}" "${SIW_P2P:=0}" "${SIW_MPA_REV:=2}" "${SIW_CRC:=0}" "${RPING_PORT:=7174}"
 INFRA_ERRORS=""
 
 case "$MODE" in
@@ -68,6 +69,14 @@ smc-pair | smc-server | smc-client | verbs-pair | verbs-server | verbs-client | 
 	exit "$EXIT_USAGE"
 	;;
 esac
+
+# RDMA_DEV=siw runs the rdma_cm tools (rping, perftest -R) over siw0, the kernel's
+# software iWARP, built from the kernel source (README.md, "iWARP: Linux siw")
+if [ "${RDMA_DEV:-rxe}" = siw ]; then
+	: "${VERBS_TOOLS:=rping,send_bw_cm,write_bw_cm,read_bw_cm}"
+else
+	: "${VERBS_TOOLS:=pingpong,write_bw,send_bw,send_lat}"
+fi
 
 # Scenario presets (README.md, "Scenarios")
 case "$SCEN" in
@@ -108,7 +117,7 @@ check_value() { # name value ERE
 }
 check_value SIZES "$SIZES" '[0-9]+[kKmMgG]?(,[0-9]+[kKmMgG]?)*'
 for v in HOLD IDLE BUFSIZE PORT VM_MEM VM_TIMEOUT IOTIMEOUT PEER_TIMEOUT PEER_GRACE \
-	VERBS_ITERS VERBS_TIMEOUT VERBS_PORT SNAPLEN; do
+	VERBS_ITERS VERBS_TIMEOUT VERBS_PORT SNAPLEN RPING_PORT; do
 	check_value "$v" "${!v}" '[0-9]+'
 done
 check_value CONNS "$CONNS" '([1-9][0-9]*)?'
@@ -122,12 +131,19 @@ check_value VERBS_ARGS "$VERBS_ARGS" '[A-Za-z0-9 =._-]*'
 check_value KERNEL_APPEND "$KERNEL_APPEND" '[A-Za-z0-9 =,._/-]*'
 check_value TEARDOWN "$TEARDOWN" 'none|rmmod'
 check_value EXPECT "$EXPECT" 'smcr|fallback|decline|peernosmc|any'
-for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT; do
+check_value RDMA_DEV "$RDMA_DEV" 'rxe|siw'
+check_value SIW_MPA_REV "$SIW_MPA_REV" '[12]'
+for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT SIW_P2P SIW_CRC; do
 	check_value "$v" "${!v}" '[01]'
 done
 for t in ${VERBS_TOOLS//,/ }; do
-	check_value VERBS_TOOLS "$t" 'pingpong|write_bw|send_bw|read_bw|send_lat|write_lat|read_lat'
+	if [ "$RDMA_DEV" = siw ]; then
+		check_value VERBS_TOOLS "$t" 'rping|send_bw_cm|write_bw_cm|read_bw_cm'
+	else
+		check_value VERBS_TOOLS "$t" 'pingpong|write_bw|send_bw|read_bw|send_lat|write_lat|read_lat'
+	fi
 done
+case "$MODE" in smc-*) [ "$RDMA_DEV" = rxe ] || die "$EXIT_USAGE" "RDMA_DEV=siw is for the verbs modes" ;; esac
 case "$MODE" in
 smc-server | smc-client | verbs-server | verbs-client)
 	[ -n "$PEER_CMD" ] || die "$EXIT_USAGE" "MODE=$MODE needs PEER_CMD (your side of the test)"
@@ -167,7 +183,7 @@ start_capture
 {
 	for v in MODE SCEN SIZES CONNS HOLD IDLE BUFSIZE EXPECT CHECK_TESTLINK CHECK_OPTION TEARDOWN PORT \
 		SERVER_UEID CLIENT_UEID PEER_UEID SYSCTLS VERBS_TOOLS VERBS_ITERS VERBS_SIZE \
-		CAPTURE DECODE PEER_MUST_EXIT DMESG_FAIL KPKG KDEBVER KVER; do
+		CAPTURE DECODE PEER_MUST_EXIT DMESG_FAIL KPKG KDEBVER KVER RDMA_DEV SIW_P2P SIW_MPA_REV SIW_CRC; do
 		printf '%s=%s\n' "$v" "${!v}"
 	done
 	printf 'ACCEL=%s\nSERVER_IP=%s\nCLIENT_IP=%s\nPEER_IP=%s\nHAS_PEER=%s\n' \
@@ -184,7 +200,8 @@ smc_conf() { # NAME ROLE IP PEER UEID
 verbs_conf() { # NAME ROLE IP PEER
 	write_conf "$OUT/$1" KP_VM="$1" KP_ROLE="$2" KP_IP="$3/$NET_PREFIX" KP_PEER="$4" \
 		KP_VERBS_PORT="$VERBS_PORT" KP_VERBS_ITERS="$VERBS_ITERS" \
-		KP_VERBS_TIMEOUT="$VERBS_TIMEOUT" KP_VERBS_ARGS="$VERBS_ARGS" KP_VERBS_CHK="$VERBS_CHK"
+		KP_VERBS_TIMEOUT="$VERBS_TIMEOUT" KP_VERBS_ARGS="$VERBS_ARGS" KP_VERBS_CHK="$VERBS_CHK" \
+		KP_RDMA="$RDMA_DEV" KP_RPING_PORT="$RPING_PORT"
 }
 infra() { # note a harness-level failure; the verdict fails on it
 	log "FAILED: $*"
@@ -304,16 +321,24 @@ verbs-*)
 	}
 	if [ "$up" = 1 ]; then
 		timing vm_ready_s "$(elapsed "$T_VM")"
+		step_index=0
 		for tool in ${VERBS_TOOLS//,/ }; do
+			# a tool may appear more than once (PEER_CMD can vary its options by
+			# $KPEER_STEP_INDEX); each run is its own step "tool@index"
+			step_index=$((step_index + 1))
+			export KPEER_STEP_INDEX=$step_index
 			size=$VERBS_SIZE
 			if [ -z "$size" ]; then
 				case "$tool" in
 				pingpong) size=4096 ;;
-				*_bw) size=16384 ;;
+				*_bw | *_bw_cm) size=16384 ;;
 				*) size=64 ;;
 				esac
 			fi
-			export KPEER_TOOL=$tool KPEER_ITERS=$VERBS_ITERS KPEER_SIZE=$size KPEER_PORT=$VERBS_PORT
+			tport=$VERBS_PORT
+			[ "$tool" = rping ] && tport=$RPING_PORT
+			export KPEER_TOOL=$tool KPEER_ITERS=$VERBS_ITERS KPEER_SIZE=$size KPEER_PORT=$tport
+			export KPEER_RDMA_DEV=$RDMA_DEV
 			log "verbs tool: $tool, $VERBS_ITERS iterations of $size bytes"
 			case "$MODE" in
 			verbs-pair)
@@ -337,7 +362,7 @@ verbs-*)
 					KPEER_TOOL_CMD=$(grep -a "^KPEER verbs-ready vm=server tool=$tool " "$OUT/server/results.log" |
 						sed -n 's/.* cmd=\([^ ]*\).*/\1/p' | tr '+' ' ')
 					export KPEER_TOOL_CMD
-					start_peer "$tool"
+					start_peer "$tool@$step_index"
 					wait_gone "$PEER_PID" "$((VERBS_TIMEOUT + 30))" || infra "PEER_CMD ($tool) timed out"
 					stop_peer 0
 				else
@@ -350,13 +375,13 @@ verbs-*)
 				export KPEER_ROLE=server KPEER_PEER_IP=$CLIENT_IP
 				KPEER_GID=$(vm_gid client)
 				export KPEER_GID
-				start_peer "$tool"
+				start_peer "$tool@$step_index"
 				deadline=$(($(date +%s) + 60))
-				until peer_listening "$VERBS_PORT" || ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; do
+				until peer_listening "$tport" || ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; do
 					sleep 0.1
 				done
-				if ! peer_listening "$VERBS_PORT"; then
-					infra "PEER_CMD ($tool) is not listening on $PEER_IP:$VERBS_PORT"
+				if ! peer_listening "$tport"; then
+					infra "PEER_CMD ($tool) is not listening on $PEER_IP:$tport"
 				elif run_in client "$tool" "$size"; then
 					vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
 						infra "client $tool did not finish"

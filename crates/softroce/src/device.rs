@@ -7,7 +7,7 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -60,7 +60,7 @@ pub(crate) fn runs_handlers() -> bool {
 pub struct Stats {
     /// Packets sent (after fault injection).
     pub tx_packets: AtomicU64,
-    /// Packets received and accepted for processing.
+    /// Packets received and handed to their QP (from its peer).
     pub rx_packets: AtomicU64,
     /// Packets dropped because they did not parse.
     pub rx_malformed: AtomicU64,
@@ -71,6 +71,10 @@ pub struct Stats {
     pub rx_icrc_id_recovered: AtomicU64,
     /// Packets for unknown QPs.
     pub rx_unknown_qp: AtomicU64,
+    /// Packets for a QP from an address other than its connected peer's
+    /// (or for a QP not connected yet): forged or stray, dropped unprocessed
+    /// (a RoCEv2 source GID is the source address; the source port is free).
+    pub rx_foreign: AtomicU64,
     /// Packets the fault injector dropped.
     pub fault_dropped: AtomicU64,
     /// sendmmsg failures (packets lost locally).
@@ -78,6 +82,9 @@ pub struct Stats {
     /// Packets received by application threads waiting in `Cq::wait`
     /// (the rest the engine thread received).
     pub rx_by_waiters: AtomicU64,
+    /// QPs that could not get a socket (and UDP source port) of their own
+    /// and send from the device's socket instead.
+    pub qp_socket_errors: AtomicU64,
 }
 
 /// A batch of outgoing packets.
@@ -85,8 +92,14 @@ pub(crate) struct TxBatch {
     bufs: Box<[[u8; SLOT]]>,
     lens: [usize; BATCH],
     dsts: Vec<Option<SockAddr>>,
+    /// The socket each packet leaves by (its QP's, see [`QpSocket`]).
+    fds: [RawFd; BATCH],
     n: usize,
 }
+
+/// Where one packet goes: destination, IP header fields for the ICRC,
+/// source and destination UDP ports, and the socket that sends it.
+pub(crate) type TxPath<'a> = (&'a SockAddr, &'a IpInfo, u16, u16, RawFd);
 
 impl TxBatch {
     fn new() -> TxBatch {
@@ -94,6 +107,7 @@ impl TxBatch {
             bufs: vec![[0u8; SLOT]; BATCH].into_boxed_slice(),
             lens: [0; BATCH],
             dsts: (0..BATCH).map(|_| None).collect(),
+            fds: [-1; BATCH],
             n: 0,
         }
     }
@@ -105,8 +119,9 @@ impl TxBatch {
         self.n
     }
 
-    fn commit(&mut self, i: usize, len: usize, dst: &SockAddr) {
+    fn commit(&mut self, i: usize, len: usize, dst: &SockAddr, fd: RawFd) {
         self.lens[i] = len;
+        self.fds[i] = fd;
         match &mut self.dsts[i] {
             Some(d) if d == dst => {}
             d => *d = Some(dst.clone()),
@@ -115,56 +130,61 @@ impl TxBatch {
     }
 
     /// Queues a copy of an already built packet.
-    pub(crate) fn push_raw(&mut self, pkt: &[u8], dst: &SockAddr, dev: &DevShared) {
+    pub(crate) fn push_raw(&mut self, pkt: &[u8], dst: &SockAddr, fd: RawFd, dev: &DevShared) {
         if pkt.len() > SLOT {
             return;
         }
         let i = self.next_slot(dev);
         self.bufs[i][..pkt.len()].copy_from_slice(pkt);
-        self.commit(i, pkt.len(), dst);
+        self.commit(i, pkt.len(), dst, fd);
     }
 
     /// Builds one packet in place: headers from `repr`, `payload_len`
     /// payload bytes written by `fill`, zero pad, ICRC; then applies the
-    /// fault injector.
+    /// fault injector. When `fill` returns false (the payload's memory was
+    /// deregistered) nothing is queued and the result is false.
     pub(crate) fn packet(
         &mut self,
         dev: &DevShared,
-        (dst, ip, sport, dport): (&SockAddr, &IpInfo, u16, u16),
+        (dst, ip, sport, dport, fd): TxPath<'_>,
         fault: &mut Option<FaultState>,
         repr: &PacketRepr,
         payload_len: usize,
-        fill: impl FnOnce(&mut [u8]),
-    ) {
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
         let mut repr = *repr;
         let pad = crate::wire::pad_for(payload_len);
         repr.bth.pad_count = pad as u8;
         let total = repr.buffer_len(payload_len);
         if total > SLOT {
             tracing::error!(total, "packet larger than a transmit slot");
-            return;
+            return true;
         }
         let i = self.next_slot(dev);
         let buf = &mut self.bufs[i][..total];
-        let Ok(off) = repr.emit(buf) else { return };
-        fill(&mut buf[off..off + payload_len]);
+        let Ok(off) = repr.emit(buf) else {
+            return true;
+        };
+        if !fill(&mut buf[off..off + payload_len]) {
+            return false;
+        }
         buf[off + payload_len..total - ICRC_LEN].fill(0);
         icrc::fill(ip, sport, dport, buf);
         let fate = fault.as_mut().map(|f| f.decide()).unwrap_or(Fate::Send);
         match fate {
             Fate::Send => {
-                self.commit(i, total, dst);
+                self.commit(i, total, dst, fd);
                 if let Some(held) = fault.as_mut().and_then(|f| f.held.take()) {
-                    self.push_raw(&held, dst, dev);
+                    self.push_raw(&held, dst, fd, dev);
                 }
             }
             Fate::Drop => {
                 dev.stats.fault_dropped.fetch_add(1, Ordering::Relaxed);
             }
             Fate::Duplicate => {
-                self.commit(i, total, dst);
+                self.commit(i, total, dst, fd);
                 let copy: Vec<u8> = self.bufs[i][..total].to_vec();
-                self.push_raw(&copy, dst, dev);
+                self.push_raw(&copy, dst, fd, dev);
             }
             Fate::Hold => {
                 if let Some(f) = fault.as_mut() {
@@ -172,6 +192,7 @@ impl TxBatch {
                 }
             }
         }
+        true
     }
 
     /// Sends everything queued.
@@ -190,7 +211,10 @@ impl TxBatch {
             // equal-sized packets to the same peer (the last may be shorter).
             let mut m = 0;
             let mut i = start;
-            while i < self.n {
+            // One sendmmsg per socket: packets of one QP leave by its own
+            // socket (a batch normally holds one QP's packets).
+            let fd = self.fds[start];
+            while i < self.n && self.fds[i] == fd {
                 let Some(dst) = self.dsts[i].as_ref() else {
                     i += 1;
                     continue;
@@ -200,6 +224,7 @@ impl TxBatch {
                 if dev.gso {
                     while j < self.n
                         && j - i < GSO_MAX_SEGS
+                        && self.fds[j] == fd
                         && self.dsts[j].as_ref() == Some(dst)
                         && self.lens[j] <= seg
                         && (j - i + 1) * seg <= GSO_MAX_BYTES
@@ -227,8 +252,9 @@ impl TxBatch {
                 if j - i > 1 {
                     let buf = &mut cmsgs[m];
                     h.msg_control = buf.as_mut_ptr() as *mut libc::c_void;
-                    // SAFETY: CMSG_SPACE of a u16 fits the 32-byte buffer;
-                    // the header is written through the libc macros into it.
+                    // SAFETY: CMSG_SPACE of a u16 (24 bytes) fits the 32-byte,
+                    // 8-aligned buffer, so CMSG_FIRSTHDR is non-null; the
+                    // header is written through the libc macros into it.
                     unsafe {
                         h.msg_controllen = libc::CMSG_SPACE(2) as usize;
                         let c = libc::CMSG_FIRSTHDR(h);
@@ -243,11 +269,19 @@ impl TxBatch {
                 i = j;
             }
             if m == 0 {
+                if i > start && i < self.n {
+                    // Only unaddressed slots for this socket: next socket.
+                    start = i;
+                    continue;
+                }
                 break;
             }
             // SAFETY: `hdrs[..m]` point at live buffers, iovecs, control
-            // buffers and socket addresses owned by `self`/this frame.
-            let r = unsafe { libc::sendmmsg(dev.sock.as_raw_fd(), hdrs.as_mut_ptr(), m as u32, 0) };
+            // buffers and socket addresses owned by `self`/this frame. `fd`
+            // is the sending socket of the QP whose `run` queued these
+            // packets (or the device's); `run` flushes before it returns,
+            // while it borrows that QP, which owns the socket.
+            let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), m as u32, 0) };
             let sent = if r <= 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -418,6 +452,48 @@ impl DevShared {
                 break;
             }
         }
+    }
+
+    /// One pass of the engine's own work: QP timers and pending work (READ
+    /// responses still to stream), then CQ handlers deferred to the engine.
+    /// Returns the next timer deadline (ns since the epoch) and whether a
+    /// QP still has work. `service`/`fire` are scratch vectors (empty).
+    pub(crate) fn run_timers(
+        &self,
+        service: &mut Vec<Arc<QpShared>>,
+        fire: &mut Vec<Arc<CqShared>>,
+    ) -> (u64, bool) {
+        let now_ns = self.ns_since_epoch(Instant::now());
+        let mut next_ns = now_ns + IDLE_WAIT.as_nanos() as u64;
+        let mut busy = false;
+        {
+            let qps = self.qps.read().unwrap_or_else(|e| e.into_inner());
+            for qp in qps.values() {
+                let d = qp.deadline.load(Ordering::Acquire);
+                let w = qp.work.load(Ordering::Acquire);
+                if w || (d != 0 && d <= now_ns) {
+                    service.push(qp.clone());
+                } else if d != 0 {
+                    next_ns = next_ns.min(d);
+                }
+            }
+        }
+        for qp in service.drain(..) {
+            qp.service();
+            busy |= qp.work.load(Ordering::Acquire);
+            let d = qp.deadline.load(Ordering::Acquire);
+            if d != 0 {
+                next_ns = next_ns.min(d);
+            }
+        }
+        std::mem::swap(
+            fire,
+            &mut self.deferred.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        for cq in fire.drain(..) {
+            cq.run_handler();
+        }
+        (next_ns, busy)
     }
 
     /// Runs a CQ's handler on the engine thread.
@@ -634,10 +710,28 @@ fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> bool {
     }
 }
 
-/// Opens a device bound to `local` and starts its engine.
-pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
-    let port = config.udp_port.unwrap_or(4791);
-    let peer_port = config.peer_port.unwrap_or(4791);
+/// A QP's own sending socket: UDP on `local`, an ephemeral source port
+/// chosen by the kernel. Linux rxe gives each QP its own source port (a
+/// hash of the QPN above 0xC000) so that ECMP spreads QPs over paths;
+/// receivers take RoCEv2 by destination port 4791 whatever the source.
+/// Unconnected and DF set like the device socket: Linux then sends IPv4 ID
+/// 0, which our ICRC assumes (verifiers.md fact 6). Nothing is received on
+/// it (peers send to 4791), so its receive buffer is minimal.
+pub(crate) fn qp_socket(local: IpAddr) -> std::io::Result<(Socket, u16)> {
+    let sock = udp_socket(local)?;
+    setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 0);
+    sock.bind(&SocketAddr::new(local, 0).into())?;
+    let port = sock
+        .local_addr()?
+        .as_socket()
+        .map(|a| a.port())
+        .ok_or_else(|| std::io::Error::other("socket has no port"))?;
+    Ok((sock, port))
+}
+
+/// A UDP socket for RoCEv2 on `local`'s family: DF set (IPv4 ID 0 on the
+/// wire, verifiers.md fact 6), large buffers, not bound yet.
+fn udp_socket(local: IpAddr) -> std::io::Result<Socket> {
     let domain = if local.is_ipv4() {
         Domain::IPV4
     } else {
@@ -646,8 +740,6 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
     let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
     let fd = sock.as_raw_fd();
     if local.is_ipv4() {
-        // verifiers.md fact 6: with DF set, Linux sends ID 0 on an
-        // unconnected UDP socket, which is what our ICRC assumes.
         setsockopt_int(
             fd,
             libc::IPPROTO_IP,
@@ -674,7 +766,43 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
             setsockopt_int(fd, libc::SOL_SOCKET, plain, size);
         }
     }
+    Ok(sock)
+}
+
+/// The largest IBA path MTU whose biggest packet fits a netdev MTU of
+/// `netdev_mtu` bytes (Mtu256 if none does).
+fn active_mtu_for(netdev_mtu: usize, ipv4: bool) -> Mtu {
+    // RoCEv2 overhead of the largest packet, a WRITE Only with immediate:
+    // IP (20/40) + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 + ICRC 4 (a full
+    // payload needs no pad: every IBA MTU is a multiple of 4).
+    let overhead = if ipv4 { 20 } else { 40 } + 8 + 12 + 16 + 4 + 4;
+    Mtu::largest_fitting(netdev_mtu.saturating_sub(overhead)).unwrap_or(Mtu::Mtu256)
+}
+
+/// Opens a device bound to `local` and starts its engine.
+pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> {
+    open_inner(local, config, true).map(|(d, _)| d)
+}
+
+/// Opens a device; without `engine` nobody receives or runs timers unless
+/// the caller does ([`crate::harness`], deterministic tests and fuzzing).
+pub(crate) fn open_inner(
+    local: IpAddr,
+    config: &Config,
+    engine: bool,
+) -> Result<(smc_verbs::Device, Arc<DevShared>)> {
+    let port = config.udp_port.unwrap_or(4791);
+    let peer_port = config.peer_port.unwrap_or(4791);
+    let sock = udp_socket(local)?;
+    let fd = sock.as_raw_fd();
     sock.bind(&SocketAddr::new(local, port).into())?;
+    // The port actually bound (port 0 asks the kernel for one): the ICRC
+    // of received packets covers it.
+    let port = sock
+        .local_addr()?
+        .as_socket()
+        .map(|a| a.port())
+        .unwrap_or(port);
     let gso =
         local.is_ipv4() && std::env::var(crate::config::ENV_GSO).is_ok_and(|v| v.trim() == "1");
     if gso {
@@ -685,9 +813,7 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         Some((n, m, mac)) => (Some(n), m, mac),
         None => (None, 1500, None),
     };
-    // RoCEv2 overhead: IP (20/40) + UDP 8 + BTH 12 + RETH 16 + ICRC 4.
-    let overhead = if local.is_ipv4() { 20 } else { 40 } + 8 + 12 + 16 + 4;
-    let mut active_mtu = Mtu::largest_fitting(mtu.saturating_sub(overhead)).unwrap_or(Mtu::Mtu256);
+    let mut active_mtu = active_mtu_for(mtu, local.is_ipv4());
     if let Some(cap) = config.max_mtu {
         active_mtu = active_mtu.min(cap);
     }
@@ -711,7 +837,7 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         max_cqe: 1 << 20,
         max_mr: 1 << 16,
         max_inline_data: crate::qp::MAX_INLINE as u32,
-        max_qp_rd_atom: 16,
+        max_qp_rd_atom: crate::qp::MAX_RD_ATOMIC as u8,
     };
     let rx_slot = if gso { 65_536 } else { SLOT };
     let shared = Arc::new(DevShared {
@@ -750,14 +876,21 @@ pub(crate) fn open(local: IpAddr, config: &Config) -> Result<smc_verbs::Device> 
         driver_left_ns: AtomicU64::new(0),
         stats: Stats::default(),
     });
-    let eng = shared.clone();
-    std::thread::Builder::new()
-        .name(format!("{}-engine", shared.attr.name))
-        .spawn(move || engine(eng))?;
+    if engine {
+        let eng = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("{}-engine", shared.attr.name))
+            .spawn(move || engine_main(eng))?;
+    }
     tracing::info!(name = %shared.attr.name, %local, port, mtu = shared.attr.active_mtu.bytes(), "softroce device open");
-    Ok(smc_verbs::Device(Arc::new(SoftDevice {
-        handle: Arc::new(DevHandle { shared }),
-    })))
+    Ok((
+        smc_verbs::Device(Arc::new(SoftDevice {
+            handle: Arc::new(DevHandle {
+                shared: shared.clone(),
+            }),
+        })),
+        shared,
+    ))
 }
 
 /// Device statistics of a softroce device handle.
@@ -825,7 +958,7 @@ fn sockaddr_ip(sa: &libc::sockaddr_storage) -> Option<(IpAddr, u16)> {
     }
 }
 
-fn engine(dev: Arc<DevShared>) {
+fn engine_main(dev: Arc<DevShared>) {
     IS_ENGINE.with(|c| c.set(true));
     // Build this thread's transmit batch now: with waiters receiving, the
     // engine may send its first packet long after start-up, and the steady
@@ -836,38 +969,7 @@ fn engine(dev: Arc<DevShared>) {
     let mut service: Vec<Arc<QpShared>> = Vec::with_capacity(64);
     let mut fire: Vec<Arc<CqShared>> = Vec::with_capacity(64);
     while !dev.shutdown.load(Ordering::Acquire) {
-        // Timers and pending work.
-        let now = Instant::now();
-        let now_ns = dev.ns_since_epoch(now);
-        let mut next_ns = now_ns + IDLE_WAIT.as_nanos() as u64;
-        let mut busy = false;
-        {
-            let qps = dev.qps.read().unwrap_or_else(|e| e.into_inner());
-            for qp in qps.values() {
-                let d = qp.deadline.load(Ordering::Acquire);
-                let w = qp.work.load(Ordering::Acquire);
-                if w || (d != 0 && d <= now_ns) {
-                    service.push(qp.clone());
-                } else if d != 0 {
-                    next_ns = next_ns.min(d);
-                }
-            }
-        }
-        for qp in service.drain(..) {
-            qp.service();
-            busy |= qp.work.load(Ordering::Acquire);
-            let d = qp.deadline.load(Ordering::Acquire);
-            if d != 0 {
-                next_ns = next_ns.min(d);
-            }
-        }
-        std::mem::swap(
-            &mut fire,
-            &mut dev.deferred.lock().unwrap_or_else(|e| e.into_inner()),
-        );
-        for cq in fire.drain(..) {
-            cq.run_handler();
-        }
+        let (next_ns, busy) = dev.run_timers(&mut service, &mut fire);
         // Sleep until a packet, a wake-up or the next deadline.
         let timeout_ns = if busy {
             0
@@ -997,11 +1099,15 @@ fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
             };
             if dev.gso && h.msg_hdr.msg_controllen > 0 {
                 // SAFETY: walking the control buffer the kernel filled,
-                // with the libc macros, within msg_controllen.
+                // with the libc macros, within msg_controllen; the i32 is
+                // read only from a message long enough to hold it.
                 unsafe {
                     let mut c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
                     while !c.is_null() {
-                        if (*c).cmsg_level == SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        if (*c).cmsg_level == SOL_UDP
+                            && (*c).cmsg_type == UDP_GRO
+                            && (*c).cmsg_len as usize >= libc::CMSG_LEN(4) as usize
+                        {
                             let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const i32);
                             out.segs[i] = v.max(0) as usize;
                         }
@@ -1056,7 +1162,7 @@ fn icrc_ok(dev: &DevShared, src: IpAddr, sport: u16, pkt: &[u8]) -> bool {
     }
 }
 
-fn handle_packet(
+pub(crate) fn handle_packet(
     dev: &DevShared,
     pkt: &[u8],
     src: IpAddr,
@@ -1087,9 +1193,71 @@ fn handle_packet(
         dev.stats.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    if !qp.on_packet(&parsed, pkt, src) {
+        dev.stats.rx_foreign.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(%src, qpn = qp.qpn, "dropping a packet not from the QP's peer");
+        return;
+    }
     dev.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
-    qp.on_packet(&parsed, pkt, src);
     if !touched.iter().any(|t| Arc::ptr_eq(t, &qp)) {
         touched.push(qp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{BthRepr, Opcode, RethRepr};
+
+    /// The largest packet of each path MTU: a WRITE Only with immediate
+    /// (BTH + RETH + ImmDt + a full payload + ICRC), in an IP packet.
+    fn largest_packet(mtu: Mtu, ipv4: bool) -> usize {
+        let repr = PacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::WriteOnlyImm,
+                se: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: 0xffff,
+                resv8a: 0,
+                dest_qp: 17,
+                ack_req: true,
+                resv7: 0,
+                psn: 0,
+            },
+            reth: Some(RethRepr {
+                va: 0,
+                rkey: 0,
+                dma_len: 0,
+            }),
+            aeth: None,
+            imm: Some(0),
+            atomic: None,
+            atomic_ack: None,
+        };
+        let ip = if ipv4 { 20 } else { 40 };
+        ip + 8 + repr.buffer_len(mtu.bytes())
+    }
+
+    /// Item 8: every packet of the chosen path MTU fits the netdev MTU,
+    /// including the 4-byte ImmDt (else sending fails with EMSGSIZE: the
+    /// sockets set DF); the next MTU up does not.
+    #[test]
+    fn path_mtu_fits_the_largest_packet() {
+        for ipv4 in [true, false] {
+            for mtu in Mtu::ALL {
+                let need = largest_packet(mtu, ipv4);
+                assert_eq!(active_mtu_for(need, ipv4), mtu, "netdev MTU {need}");
+                if mtu > Mtu::Mtu256 {
+                    assert!(
+                        active_mtu_for(need - 1, ipv4) < mtu,
+                        "netdev MTU {} gives {mtu:?}, whose WRITE with immediate needs {need}",
+                        need - 1
+                    );
+                }
+            }
+            assert_eq!(active_mtu_for(1500, ipv4), Mtu::Mtu1024);
+            assert_eq!(active_mtu_for(65_536, ipv4), Mtu::Mtu4096);
+        }
     }
 }

@@ -20,8 +20,19 @@
 //! and `SMC_RS_SOFTROCE_GSO=1` (UDP GSO/GRO for trains of packets, IPv4).
 //!
 //! Limits: RC only (no UD, SRQ, memory windows, SEND with invalidate, APM);
-//! at most 8 SGEs and 256 bytes of inline data per work request; one device
-//! per local address per process.
+//! at most 8 SGEs and 256 bytes of inline data per work request; messages
+//! of at most 2 GiB and 2^22 packets at the path MTU; at most 16 READ/atomic
+//! requests in progress per QP each way (`max_qp_rd_atom`); one device per
+//! local address per process.
+//!
+//! Against peers: only a QP's connected peer address reaches it (others'
+//! packets are dropped and counted, `Stats::rx_foreign`); responses leave in
+//! PSN order; `max_dest_rd_atomic` is enforced; deregistering a region ends
+//! every access to it at once; regions are known by a random I/O virtual
+//! address (`Mr::addr`), never by their process address; each QP sends from
+//! a UDP source port of its own (ECMP entropy, as rxe). The `fuzzing`
+//! feature exports `harness`, an engine-less device for the
+//! `roce_responder` fuzz target.
 //!
 //! ```no_run
 //! use smc_softroce::{open_device, Config};
@@ -33,9 +44,13 @@ pub mod config;
 mod cq;
 mod device;
 mod fault;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod harness;
 pub mod icrc;
 mod mr;
 mod qp;
+#[cfg(test)]
+mod qp_tests;
 pub mod wire;
 
 use std::collections::HashMap;

@@ -24,7 +24,7 @@ use smc_verbs::{
 };
 
 use crate::cq::{CqShared, SoftCq};
-use crate::device::{DevHandle, DevShared, TxBatch, TX};
+use crate::device::{DevHandle, DevShared, TxBatch, TxPath, TX};
 use crate::fault::FaultState;
 use crate::icrc::{IpInfo, IPV4_DF};
 use crate::mr::{MrEntry, SoftPd};
@@ -43,6 +43,10 @@ const WINDOW: i32 = 256;
 /// window shrinks on loss (NAK sequence error, ACK timeout) and grows back
 /// by one packet per acknowledged packet batch (AIMD).
 const MIN_WINDOW: i32 = 8;
+/// Most packets (PSNs) one message may span: half the 2^23 PSN comparison
+/// window, leaving ample room for the send window (1 GiB at path MTU 256,
+/// the whole 2 GiB IBA maximum from MTU 512 up).
+const MAX_MSG_PKTS: u64 = 1 << 22;
 /// Inside long messages, AckReq is set every this many packets (ACK-3).
 const ACK_EVERY: u32 = 64;
 /// Read response packets one service pass emits per QP.
@@ -61,8 +65,8 @@ struct LocalSeg {
 }
 
 /// Copies `out.len()` message bytes starting at message offset `off` out of
-/// the gather list.
-fn gather(segs: &[LocalSeg], mut off: usize, out: &mut [u8]) {
+/// the gather list; false if a region of the list was deregistered.
+fn gather(segs: &[LocalSeg], mut off: usize, out: &mut [u8]) -> bool {
     let mut done = 0;
     for s in segs {
         if done == out.len() {
@@ -73,15 +77,18 @@ fn gather(segs: &[LocalSeg], mut off: usize, out: &mut [u8]) {
             continue;
         }
         let n = (s.len - off).min(out.len() - done);
-        s.mr.buf.read(s.boff + off, &mut out[done..done + n]);
+        let Some(m) = s.mr.enter() else { return false };
+        m.read(s.boff + off, &mut out[done..done + n]);
         done += n;
         off = 0;
     }
+    true
 }
 
-/// Copies `data` into the scatter list at message offset `off`; false if
-/// it does not fit.
-fn scatter(segs: &[LocalSeg], mut off: usize, data: &[u8]) -> bool {
+/// Copies `data` into the scatter list at message offset `off`. Fails with
+/// `LocLenErr` if it does not fit, `LocProtErr` if a region of the list was
+/// deregistered.
+fn scatter(segs: &[LocalSeg], mut off: usize, data: &[u8]) -> std::result::Result<(), WcStatus> {
     let mut done = 0;
     for s in segs {
         if done == data.len() {
@@ -92,11 +99,18 @@ fn scatter(segs: &[LocalSeg], mut off: usize, data: &[u8]) -> bool {
             continue;
         }
         let n = (s.len - off).min(data.len() - done);
-        s.mr.buf.write(s.boff + off, &data[done..done + n]);
+        let Some(m) = s.mr.enter() else {
+            return Err(WcStatus::LocProtErr);
+        };
+        m.write(s.boff + off, &data[done..done + n]);
         done += n;
         off = 0;
     }
-    done == data.len()
+    if done == data.len() {
+        Ok(())
+    } else {
+        Err(WcStatus::LocLenErr)
+    }
 }
 
 struct SendWqe {
@@ -157,13 +171,15 @@ enum InProgress {
     },
 }
 
-/// Saved RDMA READ / atomic request for duplicate replay (PSN-3).
+/// Saved RDMA READ / atomic request for duplicate replay (PSN-3). A READ
+/// keeps its R_Key and address, not the region: a replay looks the key up
+/// and checks it again (RK-C1), so a deregistered region is never read.
 enum RdRes {
     Read {
         first_psn: u32,
         npkts: u32,
-        mr: Option<Arc<MrEntry>>,
-        boff: usize,
+        rkey: u32,
+        va: u64,
         len: usize,
     },
     Atomic {
@@ -180,7 +196,45 @@ struct PendingRead {
     mr: Option<Arc<MrEntry>>,
     boff: usize,
     len: usize,
+    /// MSN carried by the responses (the READ's own, IBA AETH MSN).
+    msn: u32,
 }
+
+/// A response the responder owes. The IBA RC responder answers requests
+/// in their PSN order (IBA vol. 1 §9.7, "responses in PSN order"): while a
+/// READ's responses still stream (at most READ_CHUNK packets per service
+/// pass), the ACKs, NAKs and atomic ACKs of later requests wait behind it
+/// here instead of overtaking it (a requester reads an ACK beyond an
+/// unanswered READ as a lost response, ACK-2, and re-requests it).
+enum Resp {
+    Read(PendingRead),
+    /// Coalesced ACK of everything up to `psn` (ACK-2).
+    Ack {
+        psn: u32,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+        msn: u32,
+    },
+    /// A NAK; a `fatal` one moves the QP to ERR once it has been sent.
+    Nak {
+        psn: u32,
+        syn: Syndrome,
+        msn: u32,
+        fatal: bool,
+    },
+}
+
+/// Most responses a QP can owe: the READs and atomics within
+/// `max_dest_rd_atomic` plus their replays, and one ACK or NAK between any
+/// two of them (consecutive ACKs merge, repeated NAKs are not queued).
+const MAX_RESPONSES: usize = 4 * MAX_RD_ATOMIC + 4;
+
+/// Device limit of READ/atomic requests in progress per QP, both as
+/// requester (`max_rd_atomic`) and responder (`max_dest_rd_atomic`).
+pub(crate) const MAX_RD_ATOMIC: usize = 16;
 
 /// Where packets of this QP go.
 struct Path {
@@ -226,7 +280,10 @@ pub(crate) struct QpInner {
     nak_sent: bool,
     ack_pending: bool,
     rd_res: VecDeque<RdRes>,
-    pending_reads: VecDeque<PendingRead>,
+    /// Responses owed, in PSN order (see [`Resp`]).
+    responses: VecDeque<Resp>,
+    /// A fatal NAK waits in `responses`: requests are no longer executed.
+    resp_fatal: bool,
 }
 
 /// Per-call context: the QP, the transmit batch and deferred notifications.
@@ -242,6 +299,10 @@ pub(crate) struct Ctx<'a> {
 pub(crate) struct QpShared {
     pub(crate) qpn: u32,
     pub(crate) dev: Arc<DevShared>,
+    /// This QP's sending socket and its UDP source port (`None`: creating
+    /// it failed, the device socket and port serve instead).
+    tx_sock: Option<socket2::Socket>,
+    sport: u16,
     pd: u32,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
@@ -293,9 +354,25 @@ pub(crate) fn create(pd: &SoftPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
             "QP capabilities exceed the device limits",
         ));
     }
+    // A source port of its own per QP, for ECMP (as rxe does).
+    let (tx_sock, sport) = match crate::device::qp_socket(dev.shared.attr.local_addr) {
+        Ok((s, port)) => (Some(s), port),
+        Err(e) => {
+            // E.g. out of file descriptors: still a working QP, only
+            // without its own ECMP entropy.
+            tracing::warn!(error = %e, "no socket of its own for a QP; sending from the device port");
+            dev.shared
+                .stats
+                .qp_socket_errors
+                .fetch_add(1, Ordering::Relaxed);
+            (None, dev.shared.local_port)
+        }
+    };
     let shared = dev.shared.add_qp(|qpn| QpShared {
         qpn,
         dev: dev.shared.clone(),
+        tx_sock,
+        sport,
         pd: pd.id,
         send_cq,
         recv_cq,
@@ -322,6 +399,15 @@ pub(crate) fn rnr_timeout(code: u8) -> Duration {
 }
 
 impl QpShared {
+    /// The socket this QP's packets leave by (open while `self` lives).
+    pub(crate) fn tx_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match &self.tx_sock {
+            Some(s) => s.as_raw_fd(),
+            None => self.dev.sock.as_raw_fd(),
+        }
+    }
+
     /// Runs `f` under the QP lock with a transmit context; sends what it
     /// queued, publishes timers, then fires CQ notifications unlocked.
     pub(crate) fn run<R>(&self, f: impl FnOnce(&mut QpInner, &mut Ctx<'_>) -> R) -> R {
@@ -340,7 +426,7 @@ impl QpShared {
             if let Some(fault) = g.fault.as_mut() {
                 // A held (reordered) packet must not wait forever.
                 if let (Some(held), Some(path)) = (fault.held.take(), g.path.as_ref()) {
-                    batch.push_raw(&held, &path.dst, &self.dev);
+                    batch.push_raw(&held, &path.dst, self.tx_fd(), &self.dev);
                 }
             }
             batch.flush(&self.dev);
@@ -363,9 +449,10 @@ impl QpShared {
         r
     }
 
-    /// Handles one received packet (engine thread).
-    pub(crate) fn on_packet(&self, p: &Parsed, pkt: &[u8], src: IpAddr) {
-        self.run(|inner, ctx| inner.on_packet(ctx, p, pkt, src));
+    /// Handles one received packet (engine thread); false if it was not
+    /// from the QP's connected peer and was dropped unprocessed.
+    pub(crate) fn on_packet(&self, p: &Parsed, pkt: &[u8], src: IpAddr) -> bool {
+        self.run(|inner, ctx| inner.on_packet(ctx, p, pkt, src))
     }
 
     /// Sends coalesced ACKs and continues transmission (engine, after a
@@ -416,8 +503,9 @@ impl QpInner {
             cur: None,
             nak_sent: false,
             ack_pending: false,
-            rd_res: VecDeque::new(),
-            pending_reads: VecDeque::new(),
+            rd_res: VecDeque::with_capacity(MAX_RD_ATOMIC),
+            responses: VecDeque::with_capacity(MAX_RESPONSES),
+            resp_fatal: false,
         }
     }
 
@@ -429,10 +517,11 @@ impl QpInner {
     }
 
     /// Work the engine must do without a packet or timer to trigger it:
-    /// only streaming READ responses. (The send queue advances on ACKs and
-    /// timers, which already run through the engine.)
+    /// only streaming READ responses (and what waits behind them). The send
+    /// queue advances on ACKs and timers, which already run through the
+    /// engine.
     fn has_work(&self) -> bool {
-        !self.pending_reads.is_empty()
+        !self.responses.is_empty()
     }
 
     // ----- completions and errors -------------------------------------
@@ -495,7 +584,7 @@ impl QpInner {
     fn flush(&mut self, ctx: &mut Ctx<'_>) {
         self.timer = None;
         self.rnr_until = None;
-        self.pending_reads.clear();
+        self.responses.clear();
         while let Some(w) = self.sq.pop_front() {
             self.complete_send(ctx, &w, WcStatus::WrFlushErr);
         }
@@ -606,6 +695,16 @@ impl QpInner {
             if len > (1u64 << 31) {
                 return Err(VerbsError::InvalidArgument("message longer than 2 GiB"));
             }
+            // PSN-1: PSNs compare in a 2^23 window. A message's packets,
+            // plus the send window before them, must fit in it, or a
+            // retransmission (go-back-N to a PSN inside the message) could
+            // not be placed and the QP would hang. IBA's 2 GiB maximum at
+            // path MTU 256 is exactly 2^23 packets.
+            if len.div_ceil(self.mtu as u64) > MAX_MSG_PKTS {
+                return Err(VerbsError::InvalidArgument(
+                    "message spans more than 2^22 packets at this path MTU",
+                ));
+            }
         }
         let dev = ctx.qp.dev.clone();
         for wr in wrs {
@@ -623,16 +722,22 @@ impl QpInner {
                         continue;
                     }
                     // INLINE: lkeys are not checked, but the memory must be
-                    // ours; read it through a region of this device that
-                    // covers it, else the request fails with a protection
-                    // error rather than touching unknown memory.
-                    match dev.mrs.find_covering(s.lkey, s.addr, s.length as u64) {
+                    // ours; read it through a region of this QP's PD that
+                    // covers the address, else the request fails with a
+                    // protection error rather than touching unknown memory.
+                    match dev
+                        .mrs
+                        .find_covering(ctx.qp.pd, s.lkey, s.addr, s.length as u64)
+                    {
                         Some((mr, boff)) => {
                             let start = data.len();
                             for _ in 0..s.length {
                                 data.push(0);
                             }
-                            mr.buf.read(boff, &mut data[start..]);
+                            match mr.enter() {
+                                Some(m) => m.read(boff, &mut data[start..]),
+                                None => err = Some(WcStatus::LocProtErr),
+                            }
                         }
                         None => err = Some(WcStatus::LocProtErr),
                     }
@@ -714,14 +819,17 @@ impl QpInner {
         }
         while self.next_wqe < self.sq.len() && psn_diff(self.psn, self.una) < self.cwnd {
             let i = self.next_wqe;
-            if self.next_pkt == 0 {
-                if let Some(st) = self.sq[i].local_err {
-                    if i == 0 {
-                        self.fail_front(ctx, st);
-                        return;
-                    }
-                    break;
+            // A local error (found at post time, or a gather region
+            // deregistered mid-message) completes the WQE with that error
+            // once everything before it completed.
+            if let Some(st) = self.sq[i].local_err {
+                if i == 0 {
+                    self.fail_front(ctx, st);
+                    return;
                 }
+                break;
+            }
+            if self.next_pkt == 0 {
                 let earlier_rd = self.sq.range(..i).filter(|w| w.rd_atomic()).count();
                 if self.sq[i].rd_atomic() && earlier_rd >= self.max_rd_atomic.max(1) as usize {
                     break;
@@ -735,14 +843,19 @@ impl QpInner {
                 w.npkts = n;
                 w.read_got = 0;
             }
-            self.send_next_packet(ctx, i);
+            if !self.send_next_packet(ctx, i) {
+                self.sq[i].local_err = Some(WcStatus::LocProtErr);
+                continue;
+            }
             if self.timer.is_none() {
                 self.timer = self.timeout.map(|t| ctx.now + t);
             }
         }
     }
 
-    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>, i: usize) {
+    /// Sends the next packet of WQE `i`; false (nothing sent) when its
+    /// gather list names a region deregistered since it was posted.
+    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>, i: usize) -> bool {
         let mtu = self.mtu;
         let k = self.next_pkt;
         let dest_qp = self.dest_qpn;
@@ -869,17 +982,23 @@ impl QpInner {
         let w = &self.sq[i];
         let (segs, inline) = (&w.segs, w.inline.as_deref());
         if let Some(path) = self.path.as_ref() {
-            ctx.tx.packet(
+            let sent = ctx.tx.packet(
                 &ctx.qp.dev,
-                path_parts(path),
+                path_parts(path, ctx.qp),
                 &mut self.fault,
                 &repr,
                 payload_len,
                 |buf| match inline {
-                    Some(d) => buf.copy_from_slice(&d[off..off + payload_len]),
+                    Some(d) => {
+                        buf.copy_from_slice(&d[off..off + payload_len]);
+                        true
+                    }
                     None => gather(segs, off, buf),
                 },
             );
+            if !sent {
+                return false;
+            }
         }
         self.psn = psn_add(self.psn, advance);
         if psn_diff(self.psn, self.max_psn) > 0 {
@@ -890,6 +1009,7 @@ impl QpInner {
             self.next_wqe += 1;
             self.next_pkt = 0;
         }
+        true
     }
 
     /// Repositions transmission so that the next packet sent is the one
@@ -1034,7 +1154,9 @@ impl QpInner {
                 {
                     return;
                 }
-                scatter(&w.segs, 0, &orig.to_ne_bytes());
+                if let Err(st) = scatter(&w.segs, 0, &orig.to_ne_bytes()) {
+                    return self.fail_front(ctx, st);
+                }
                 if psn_diff(psn_add(psn, 1), self.psn) > 0 {
                     self.rewind(psn_add(psn, 1));
                 }
@@ -1116,7 +1238,9 @@ impl QpInner {
             tracing::debug!(qpn = ctx.qp.qpn, psn, "malformed read response");
             return self.fail_front(ctx, WcStatus::BadRespErr);
         }
-        scatter(&w.segs, off, &pkt[p.payload_off..p.payload_off + len]);
+        if let Err(st) = scatter(&w.segs, off, &pkt[p.payload_off..p.payload_off + len]) {
+            return self.fail_front(ctx, st);
+        }
         self.sq[0].read_got += 1;
         if psn_diff(psn_add(psn, 1), self.psn) > 0 {
             self.rewind(psn_add(psn, 1));
@@ -1201,22 +1325,28 @@ impl QpInner {
                 self.timer = self.timeout.map(|t| now + t);
             }
         }
-        self.pump_reads(ctx);
+        self.pump_responses(ctx);
         self.pump(ctx);
     }
 
     // ----- responder ---------------------------------------------------
 
-    fn on_packet(&mut self, ctx: &mut Ctx<'_>, p: &Parsed, pkt: &[u8], src: IpAddr) {
+    /// A packet for this QP. Only its connected peer may speak to it: the
+    /// source address must be the peer's (the RoCEv2 source GID; IBA checks
+    /// the SGID of RC packets against the QP's path), else the packet is
+    /// dropped before anything looks at its PSN or opcode, so a forger on
+    /// another host can neither inject nor provoke NAKs.
+    fn on_packet(&mut self, ctx: &mut Ctx<'_>, p: &Parsed, pkt: &[u8], src: IpAddr) -> bool {
         match &self.path {
             Some(path) if path.peer_ip == src => {}
-            _ => return,
+            _ => return false,
         }
         if p.repr.bth.opcode.is_request() {
             self.on_request(ctx, p, pkt);
         } else {
             self.on_response(ctx, p, pkt);
         }
+        true
     }
 
     /// A responder packet (ACK, atomic ACK, READ response) to the peer QP:
@@ -1249,43 +1379,217 @@ impl QpInner {
         }
     }
 
-    /// Sends a payload-less responder packet.
+    /// Sends a payload-less responder packet now (see [`Self::respond`]
+    /// for the order).
     fn send_response(&mut self, ctx: &mut Ctx<'_>, repr: &PacketRepr) {
         if let Some(path) = self.path.as_ref() {
             ctx.tx.packet(
                 &ctx.qp.dev,
-                path_parts(path),
+                path_parts(path, ctx.qp),
                 &mut self.fault,
                 repr,
                 0,
-                |_| {},
+                |_| true,
             );
         }
     }
 
-    fn send_ack(&mut self, ctx: &mut Ctx<'_>, psn: u32, syndrome: Syndrome) {
-        let repr = Self::response(
-            self.dest_qpn,
-            self.msn,
-            Opcode::Acknowledge,
-            psn,
-            Some(syndrome),
+    /// Owes `r` after every response owed so far (a new request's answer).
+    /// Sent at once when nothing is owed; consecutive ACKs merge into the
+    /// last (cumulative), and a NAK identical to the last one owed (an RNR
+    /// or sequence NAK for a retransmission) is not owed twice.
+    fn respond(&mut self, ctx: &mut Ctx<'_>, r: Resp) {
+        match (&r, self.responses.back_mut()) {
+            (Resp::Ack { psn, msn }, Some(Resp::Ack { psn: p, msn: m })) => {
+                (*p, *m) = (*psn, *msn);
+                return;
+            }
+            (Resp::Nak { psn, syn, .. }, Some(Resp::Nak { psn: p, syn: y, .. }))
+                if p == psn && y == syn =>
+            {
+                return
+            }
+            _ => {}
+        }
+        if self.responses.len() >= MAX_RESPONSES {
+            // Cannot happen within the bounds above; never grow without limit.
+            tracing::warn!(qpn = ctx.qp.qpn, "responder queue full, QP to ERR");
+            return self.enter_err(ctx);
+        }
+        self.responses.push_back(r);
+        self.pump_responses(ctx);
+    }
+
+    /// Owes `r` before everything owed so far: the answer to a duplicate,
+    /// whose PSN precedes every queued response.
+    fn respond_first(&mut self, ctx: &mut Ctx<'_>, r: Resp) {
+        if self.responses.len() >= MAX_RESPONSES {
+            tracing::warn!(qpn = ctx.qp.qpn, "responder queue full, QP to ERR");
+            return self.enter_err(ctx);
+        }
+        self.responses.push_front(r);
+        self.pump_responses(ctx);
+    }
+
+    fn send_nak(&mut self, ctx: &mut Ctx<'_>, psn: u32, syn: Syndrome) {
+        let msn = self.msn;
+        self.respond(
+            ctx,
+            Resp::Nak {
+                psn,
+                syn,
+                msn,
+                fatal: false,
+            },
         );
-        self.send_response(ctx, &repr);
     }
 
     fn flush_ack(&mut self, ctx: &mut Ctx<'_>) {
         if self.ack_pending {
             self.ack_pending = false;
-            self.send_ack(ctx, psn_add(self.epsn, PSN_MASK), Syndrome::ACK);
+            let (psn, msn) = (psn_add(self.epsn, PSN_MASK), self.msn);
+            self.respond(ctx, Resp::Ack { psn, msn });
         }
     }
 
     /// A fatal responder error: NAK and move to ERR (RK-C1, SEG-7/8).
     fn responder_error(&mut self, ctx: &mut Ctx<'_>, syn: Syndrome) {
-        tracing::debug!(qpn = ctx.qp.qpn, psn = self.epsn, ?syn, "responder error");
-        self.send_ack(ctx, self.epsn, syn);
-        self.enter_err(ctx);
+        self.responder_error_at(ctx, self.epsn, syn);
+    }
+
+    /// A fatal responder error reported at `psn` (the READ response or
+    /// duplicate that failed rather than the expected PSN). The NAK leaves
+    /// after the responses owed for earlier PSNs; from now on no request is
+    /// executed, and the QP enters ERR once the NAK is sent.
+    fn responder_error_at(&mut self, ctx: &mut Ctx<'_>, psn: u32, syn: Syndrome) {
+        tracing::debug!(qpn = ctx.qp.qpn, psn, ?syn, "responder error");
+        self.resp_fatal = true;
+        let msn = self.msn;
+        let nak = Resp::Nak {
+            psn,
+            syn,
+            msn,
+            fatal: true,
+        };
+        if psn_diff(psn, self.epsn) < 0 && !self.responses.is_empty() {
+            // A duplicate's error: before the responses of later PSNs.
+            self.respond_first(ctx, nak);
+        } else {
+            self.respond(ctx, nak);
+        }
+    }
+
+    /// Sends owed responses from the front: READ responses up to
+    /// READ_CHUNK packets (C.7, SEG-5), everything else as it comes up.
+    fn pump_responses(&mut self, ctx: &mut Ctx<'_>) {
+        let mut budget = READ_CHUNK;
+        while budget > 0 {
+            let Some(front) = self.responses.front_mut() else {
+                return;
+            };
+            match front {
+                Resp::Read(r) => {
+                    let k = r.next;
+                    let n = r.npkts;
+                    let op = match (k == 0, k + 1 == n) {
+                        (true, true) => Opcode::ReadResponseOnly,
+                        (true, false) => Opcode::ReadResponseFirst,
+                        (false, true) => Opcode::ReadResponseLast,
+                        (false, false) => Opcode::ReadResponseMiddle,
+                    };
+                    let off = k as usize * self.mtu;
+                    let len = r.len.saturating_sub(off).min(self.mtu);
+                    let psn = psn_add(r.first_psn, k);
+                    let repr = Self::response(
+                        self.dest_qpn,
+                        r.msn,
+                        op,
+                        psn,
+                        op.has_aeth().then_some(Syndrome::ACK),
+                    );
+                    let (mr, boff) = (r.mr.clone(), r.boff + off);
+                    r.next += 1;
+                    if r.next >= n {
+                        self.responses.pop_front();
+                    }
+                    budget -= 1;
+                    let Some(path) = self.path.as_ref() else {
+                        continue;
+                    };
+                    let sent = ctx.tx.packet(
+                        &ctx.qp.dev,
+                        path_parts(path, ctx.qp),
+                        &mut self.fault,
+                        &repr,
+                        len,
+                        |buf| match &mr {
+                            Some(mr) => match mr.enter() {
+                                Some(m) => {
+                                    m.read(boff, buf);
+                                    true
+                                }
+                                None => false,
+                            },
+                            None => true,
+                        },
+                    );
+                    if !sent {
+                        // Deregistered while its responses stream: not
+                        // one more byte of it leaves (item 6); this NAK is
+                        // the next response in PSN order.
+                        tracing::debug!(qpn = ctx.qp.qpn, psn, "READ region deregistered");
+                        let msn = self.msn;
+                        self.responses.push_front(Resp::Nak {
+                            psn,
+                            syn: Syndrome::NakRemoteAccessError,
+                            msn,
+                            fatal: true,
+                        });
+                        self.resp_fatal = true;
+                    }
+                }
+                Resp::Ack { psn, msn } => {
+                    let repr = Self::response(
+                        self.dest_qpn,
+                        *msn,
+                        Opcode::Acknowledge,
+                        *psn,
+                        Some(Syndrome::ACK),
+                    );
+                    self.responses.pop_front();
+                    self.send_response(ctx, &repr);
+                }
+                Resp::AtomicAck { psn, orig, msn } => {
+                    let repr = PacketRepr {
+                        atomic_ack: Some(*orig),
+                        ..Self::response(
+                            self.dest_qpn,
+                            *msn,
+                            Opcode::AtomicAcknowledge,
+                            *psn,
+                            Some(Syndrome::ACK),
+                        )
+                    };
+                    self.responses.pop_front();
+                    self.send_response(ctx, &repr);
+                }
+                Resp::Nak {
+                    psn,
+                    syn,
+                    msn,
+                    fatal,
+                } => {
+                    let fatal = *fatal;
+                    let repr =
+                        Self::response(self.dest_qpn, *msn, Opcode::Acknowledge, *psn, Some(*syn));
+                    self.responses.pop_front();
+                    self.send_response(ctx, &repr);
+                    if fatal {
+                        return self.enter_err(ctx);
+                    }
+                }
+            }
+        }
     }
 
     /// RK-C1: the region named by `rkey`, if `[va, va+len)` lies in it with
@@ -1310,7 +1614,9 @@ impl QpInner {
     }
 
     fn on_request(&mut self, ctx: &mut Ctx<'_>, p: &Parsed, pkt: &[u8]) {
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) || self.resp_fatal {
+            // Not receiving, or a fatal NAK is owed: the QP is about to
+            // enter ERR, nothing more is executed.
             return;
         }
         let bth = p.repr.bth;
@@ -1322,7 +1628,7 @@ impl QpInner {
             // PSN-4: NAK once, then drop until ePSN arrives.
             if !self.nak_sent {
                 self.nak_sent = true;
-                self.send_ack(ctx, self.epsn, Syndrome::NakPsnSeqError);
+                self.send_nak(ctx, self.epsn, Syndrome::NakPsnSeqError);
             }
             return;
         }
@@ -1373,7 +1679,7 @@ impl QpInner {
         if first {
             let Some(wqe) = self.rq.pop_front() else {
                 // No receive posted: RNR NAK, the requester retries later.
-                return self.send_ack(
+                return self.send_nak(
                     ctx,
                     self.epsn,
                     Syndrome::RnrNak {
@@ -1389,9 +1695,16 @@ impl QpInner {
         let wr_id = wqe.wr_id;
         let failure = if let Some(st) = wqe.local_err {
             Some((st, Syndrome::NakRemoteOperationalError))
-        } else if !scatter(&wqe.segs, *written, payload) {
-            // RC-4: message longer than the receive buffer.
-            Some((WcStatus::LocLenErr, Syndrome::NakInvalidRequest))
+        } else if let Err(st) = scatter(&wqe.segs, *written, payload) {
+            // RC-4: message longer than the receive buffer (invalid
+            // request), or the buffer's region was deregistered since the
+            // receive was posted (the WQE is broken: operational error).
+            let syn = if st == WcStatus::LocLenErr {
+                Syndrome::NakInvalidRequest
+            } else {
+                Syndrome::NakRemoteOperationalError
+            };
+            Some((st, syn))
         } else {
             *written += payload.len();
             None
@@ -1474,7 +1787,7 @@ impl QpInner {
             if first {
                 self.cur = None;
             }
-            return self.send_ack(
+            return self.send_nak(
                 ctx,
                 self.epsn,
                 Syndrome::RnrNak {
@@ -1491,10 +1804,13 @@ impl QpInner {
         else {
             return;
         };
-        if let Some(mr) = mr {
-            if !payload.is_empty() {
-                mr.buf.write(*boff, payload);
-            }
+        if let (Some(mr), false) = (mr.as_ref(), payload.is_empty()) {
+            // The region may have been deregistered since the First packet
+            // was checked: then nothing more is placed (item 6, RK-C1 (a)).
+            let Some(m) = mr.enter() else {
+                return self.responder_error(ctx, Syndrome::NakRemoteAccessError);
+            };
+            m.write(*boff, payload);
         }
         *boff += payload.len();
         *remaining -= payload.len();
@@ -1517,16 +1833,31 @@ impl QpInner {
         }
     }
 
+    /// Saves a READ/atomic for duplicate replay. The last MAX_RD_ATOMIC
+    /// are kept, at least `max_dest_rd_atomic`: a requester within its
+    /// `max_rd_atomic` only ever retries one of those.
     fn rd_res_push(&mut self, r: RdRes) {
-        let cap = (self.max_dest_rd_atomic as usize).max(16);
-        if self.rd_res.len() >= cap {
+        if self.rd_res.len() >= MAX_RD_ATOMIC {
             self.rd_res.pop_front();
         }
         self.rd_res.push_back(r);
     }
 
+    /// A new READ or atomic may start only while fewer than
+    /// `max_dest_rd_atomic` are in progress, i.e. still owe responses
+    /// (the responder resources; CHECKLIST C.7: NAK Invalid Request on
+    /// overflow). This also bounds what a peer can make us queue.
+    fn rd_atomic_allowed(&self) -> bool {
+        let in_progress = self
+            .responses
+            .iter()
+            .filter(|r| matches!(r, Resp::Read(_) | Resp::AtomicAck { .. }))
+            .count();
+        in_progress < self.max_dest_rd_atomic as usize
+    }
+
     fn on_read_request(&mut self, ctx: &mut Ctx<'_>, p: &Parsed) {
-        if self.cur.is_some() {
+        if self.cur.is_some() || !self.rd_atomic_allowed() {
             return self.responder_error(ctx, Syndrome::NakInvalidRequest);
         }
         let Some(reth) = p.repr.reth else { return };
@@ -1550,73 +1881,30 @@ impl QpInner {
         self.rd_res_push(RdRes::Read {
             first_psn: psn,
             npkts,
-            mr: mr.clone(),
-            boff,
-            len,
-        });
-        self.pending_reads.push_back(PendingRead {
-            first_psn: psn,
-            next: 0,
-            npkts,
-            mr,
-            boff,
+            rkey: reth.rkey,
+            va: reth.va,
             len,
         });
         self.nak_sent = false;
         self.epsn = psn_add(self.epsn, npkts);
         self.msn = psn_add(self.msn, 1);
-        self.pump_reads(ctx);
-    }
-
-    /// Emits up to READ_CHUNK read response packets (C.7, SEG-5).
-    fn pump_reads(&mut self, ctx: &mut Ctx<'_>) {
-        let mut budget = READ_CHUNK;
-        while budget > 0 {
-            let Some(r) = self.pending_reads.front_mut() else {
-                return;
-            };
-            let k = r.next;
-            let n = r.npkts;
-            let op = match (k == 0, k + 1 == n) {
-                (true, true) => Opcode::ReadResponseOnly,
-                (true, false) => Opcode::ReadResponseFirst,
-                (false, true) => Opcode::ReadResponseLast,
-                (false, false) => Opcode::ReadResponseMiddle,
-            };
-            let off = k as usize * self.mtu;
-            let len = r.len.saturating_sub(off).min(self.mtu);
-            let repr = Self::response(
-                self.dest_qpn,
-                self.msn,
-                op,
-                psn_add(r.first_psn, k),
-                op.has_aeth().then_some(Syndrome::ACK),
-            );
-            let (mr, boff) = (r.mr.clone(), r.boff + off);
-            r.next += 1;
-            if r.next >= n {
-                self.pending_reads.pop_front();
-            }
-            if let Some(path) = self.path.as_ref() {
-                ctx.tx.packet(
-                    &ctx.qp.dev,
-                    path_parts(path),
-                    &mut self.fault,
-                    &repr,
-                    len,
-                    |buf| {
-                        if let Some(mr) = &mr {
-                            mr.buf.read(boff, buf);
-                        }
-                    },
-                );
-            }
-            budget -= 1;
-        }
+        let msn = self.msn;
+        self.respond(
+            ctx,
+            Resp::Read(PendingRead {
+                first_psn: psn,
+                next: 0,
+                npkts,
+                mr,
+                boff,
+                len,
+                msn,
+            }),
+        );
     }
 
     fn on_atomic(&mut self, ctx: &mut Ctx<'_>, p: &Parsed) {
-        if self.cur.is_some() {
+        if self.cur.is_some() || !self.rd_atomic_allowed() {
             return self.responder_error(ctx, Syndrome::NakInvalidRequest);
         }
         let Some(a) = p.repr.atomic else { return };
@@ -1627,48 +1915,37 @@ impl QpInner {
         else {
             return self.responder_error(ctx, Syndrome::NakRemoteAccessError);
         };
-        // SAFETY: `boff..boff+8` lies inside the mapping (checked by
-        // `check_remote`), and `va % 8 == 0` with `va == buf.addr() + boff`
-        // (regions map I/O addresses 1:1 onto the buffer) makes the pointer
-        // 8-byte aligned. All accesses by this provider to these bytes are
-        // atomic; the application's concurrent plain accesses are its
-        // protocol's business, as with a hardware RNIC (C.8).
-        let cell = unsafe {
-            std::sync::atomic::AtomicU64::from_ptr(mr.buf.as_ptr().add(boff) as *mut u64)
-        };
-        let orig = match p.repr.bth.opcode {
-            Opcode::CompareSwap => {
-                match cell.compare_exchange(
-                    a.compare,
-                    a.swap_add,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                ) {
-                    Ok(v) | Err(v) => v,
+        // The provider's atomics and every copy into or out of the buffer
+        // (ours and the application's) are accesses to the same aligned
+        // 8-byte words (smc_verbs::mem), so they never race (C.8).
+        let orig = {
+            let Some(m) = mr.enter() else {
+                return self.responder_error(ctx, Syndrome::NakRemoteAccessError);
+            };
+            let Some(cell) = m.atomic(boff) else {
+                return self.responder_error(ctx, Syndrome::NakInvalidRequest);
+            };
+            match p.repr.bth.opcode {
+                Opcode::CompareSwap => {
+                    match cell.compare_exchange(
+                        a.compare,
+                        a.swap_add,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    ) {
+                        Ok(v) | Err(v) => v,
+                    }
                 }
+                _ => cell.fetch_add(a.swap_add, Ordering::SeqCst),
             }
-            _ => cell.fetch_add(a.swap_add, Ordering::SeqCst),
         };
         let psn = p.repr.bth.psn;
         self.rd_res_push(RdRes::Atomic { psn, orig });
         self.nak_sent = false;
         self.epsn = psn_add(self.epsn, 1);
         self.msn = psn_add(self.msn, 1);
-        self.send_atomic_ack(ctx, psn, orig);
-    }
-
-    fn send_atomic_ack(&mut self, ctx: &mut Ctx<'_>, psn: u32, orig: u64) {
-        let repr = PacketRepr {
-            atomic_ack: Some(orig),
-            ..Self::response(
-                self.dest_qpn,
-                self.msn,
-                Opcode::AtomicAcknowledge,
-                psn,
-                Some(Syndrome::ACK),
-            )
-        };
-        self.send_response(ctx, &repr);
+        let msn = self.msn;
+        self.respond(ctx, Resp::AtomicAck { psn, orig, msn });
     }
 
     /// PSN-3: duplicates are re-acknowledged, READs re-executed and atomics
@@ -1677,46 +1954,118 @@ impl QpInner {
         let psn = p.repr.bth.psn;
         match p.repr.bth.opcode {
             Opcode::ReadRequest => {
-                let mut restart = None;
-                for r in &self.rd_res {
-                    if let RdRes::Read {
+                let saved = self.rd_res.iter().find_map(|r| match *r {
+                    RdRes::Read {
                         first_psn,
+                        npkts,
+                        rkey,
+                        va,
+                        len,
+                    } => {
+                        let d = psn_diff(psn, first_psn);
+                        (d >= 0 && (d as u32) < npkts)
+                            .then_some((first_psn, d as u32, npkts, rkey, va, len))
+                    }
+                    RdRes::Atomic { .. } => None,
+                });
+                let Some((first_psn, next, npkts, rkey, va, len)) = saved else {
+                    return self.unknown_duplicate(ctx, psn);
+                };
+                // Re-executed from memory (C.7), but only after the R_Key
+                // is looked up and checked again for the part still to
+                // send: the region may have been deregistered (item 6).
+                let off = (next as usize * self.mtu).min(len);
+                let (mr, boff) = if len == 0 {
+                    (None, 0)
+                } else {
+                    match self.check_remote(
+                        ctx,
+                        rkey,
+                        va.wrapping_add(off as u64),
+                        (len - off) as u64,
+                        AccessFlags::REMOTE_READ,
+                    ) {
+                        Some((mr, boff)) => (Some(mr), boff - off),
+                        None => {
+                            return self.responder_error_at(
+                                ctx,
+                                psn,
+                                Syndrome::NakRemoteAccessError,
+                            )
+                        }
+                    }
+                };
+                // Still owed (partly sent): resend from the PSN asked for.
+                for r in self.responses.iter_mut() {
+                    if let Resp::Read(q) = r {
+                        if q.first_psn == first_psn {
+                            q.next = q.next.min(next);
+                            return;
+                        }
+                    }
+                }
+                let msn = self.msn;
+                self.respond_first(
+                    ctx,
+                    Resp::Read(PendingRead {
+                        first_psn,
+                        next,
                         npkts,
                         mr,
                         boff,
                         len,
-                    } = r
-                    {
-                        let d = psn_diff(psn, *first_psn);
-                        if d >= 0 && (d as u32) < *npkts {
-                            restart = Some(PendingRead {
-                                first_psn: *first_psn,
-                                next: d as u32,
-                                npkts: *npkts,
-                                mr: mr.clone(),
-                                boff: *boff,
-                                len: *len,
-                            });
-                        }
-                    }
-                }
-                if let Some(r) = restart {
-                    self.pending_reads.retain(|q| q.first_psn != r.first_psn);
-                    self.pending_reads.push_front(r);
-                    self.pump_reads(ctx);
-                }
+                        msn,
+                    }),
+                );
             }
             Opcode::CompareSwap | Opcode::FetchAdd => {
                 let saved = self.rd_res.iter().find_map(|r| match r {
                     RdRes::Atomic { psn: q, orig } if *q == psn => Some(*orig),
                     _ => None,
                 });
-                if let Some(orig) = saved {
-                    self.send_atomic_ack(ctx, psn, orig);
+                let owed = self
+                    .responses
+                    .iter()
+                    .any(|r| matches!(r, Resp::AtomicAck { psn: q, .. } if *q == psn));
+                match (saved, owed) {
+                    (Some(orig), false) => {
+                        let msn = self.msn;
+                        self.respond_first(ctx, Resp::AtomicAck { psn, orig, msn });
+                    }
+                    (None, _) => self.unknown_duplicate(ctx, psn),
+                    (Some(_), true) => {}
                 }
             }
             _ => self.ack_pending = true,
         }
+    }
+
+    /// A duplicate READ or atomic we keep no record of (older than the
+    /// last MAX_RD_ATOMIC, so from a requester that exceeded our
+    /// `max_dest_rd_atomic`, or a late network duplicate of a long
+    /// completed request). Never executed again (PSN-3: an atomic must not
+    /// run twice). rxe drops it silently (IBA class D), which leaves a
+    /// requester that really waits for it retrying until its retry count
+    /// runs out, forever with rxe's retry_cnt 7; we answer NAK Invalid
+    /// Request at its PSN so that requester fails at once. Our QP stays up:
+    /// a requester not waiting for that PSN ignores the NAK, and a stale
+    /// duplicate must not kill a working connection.
+    fn unknown_duplicate(&mut self, ctx: &mut Ctx<'_>, psn: u32) {
+        tracing::debug!(
+            qpn = ctx.qp.qpn,
+            psn,
+            "duplicate READ/atomic without a saved resource"
+        );
+        let msn = self.msn;
+        self.respond_first(
+            ctx,
+            Resp::Nak {
+                psn,
+                syn: Syndrome::NakInvalidRequest,
+                msn,
+                fatal: false,
+            },
+        );
     }
 
     // ----- state machine -------------------------------------------------
@@ -1742,8 +2091,8 @@ impl QpInner {
     }
 }
 
-fn path_parts(p: &Path) -> (&socket2::SockAddr, &IpInfo, u16, u16) {
-    (&p.dst, &p.ip, p.sport, p.dport)
+fn path_parts<'a>(p: &'a Path, qp: &QpShared) -> TxPath<'a> {
+    (&p.dst, &p.ip, p.sport, p.dport, qp.tx_fd())
 }
 
 impl QpOps for SoftQp {
@@ -1770,6 +2119,11 @@ impl QpOps for SoftQp {
     fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
         if attr.dest_qpn > smc_verbs::QPN_MASK || attr.rq_psn > PSN_MASK {
             return Err(VerbsError::InvalidArgument("QPN or PSN exceeds 24 bits"));
+        }
+        if attr.max_dest_rd_atomic as usize > MAX_RD_ATOMIC {
+            return Err(VerbsError::InvalidArgument(
+                "max_dest_rd_atomic exceeds the device's max_qp_rd_atom",
+            ));
         }
         let dev = &self.shared.dev;
         let local = dev.attr.local_addr;
@@ -1802,7 +2156,7 @@ impl QpOps for SoftQp {
                 dst: SocketAddr::new(peer_ip, dev.peer_port).into(),
                 peer_ip,
                 ip,
-                sport: dev.local_port,
+                sport: self.shared.sport,
                 dport: dev.peer_port,
             });
             i.fault = faults.as_ref().map(|f| FaultState::new(f, qpn));
@@ -1810,7 +2164,12 @@ impl QpOps for SoftQp {
         })
     }
     fn modify_to_rts(&self, attr: &RtsAttr) -> Result<()> {
-        if attr.sq_psn > PSN_MASK || attr.retry_cnt > 7 || attr.rnr_retry > 7 || attr.timeout > 31 {
+        if attr.sq_psn > PSN_MASK
+            || attr.retry_cnt > 7
+            || attr.rnr_retry > 7
+            || attr.timeout > 31
+            || attr.max_rd_atomic as usize > MAX_RD_ATOMIC
+        {
             return Err(VerbsError::InvalidArgument("RTS attribute out of range"));
         }
         self.shared.run(|i, ctx| {

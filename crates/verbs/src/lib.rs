@@ -11,8 +11,12 @@
 //! `*Ops` traits; users only see the handles.
 //!
 //! Memory that an RNIC may read or write is allocated as an [`RdmaBuffer`]
-//! (page-aligned, zeroed, shared with the provider). Work requests name
-//! memory the ibverbs way: by virtual address, length and lkey ([`Sge`]).
+//! (page-aligned, zeroed, shared with the provider; every access is atomic
+//! word by word, so it stays sound whatever peers and threads do). Work
+//! requests name memory the ibverbs way: by address, length and lkey
+//! ([`Sge`]), where the address is the region's I/O virtual address
+//! ([`Mr::addr`]), chosen by the provider and unrelated to where the buffer
+//! lies in the process.
 
 pub mod error;
 pub mod mem;

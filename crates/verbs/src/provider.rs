@@ -30,6 +30,14 @@ pub trait Provider: Send + Sync {
     fn device_for(&self, local: IpAddr) -> Result<Device>;
     /// Devices opened so far.
     fn devices(&self) -> Vec<Device>;
+    /// `Some(name)` when this provider's devices speak a transport that only peers
+    /// configured for the same private extension understand (e.g. SMC-R over iWARP, which
+    /// RFC 7609 does not define): the SMC-R layer then never offers them on the strength
+    /// of the TCP option alone, only to peers it was told opted in too. `None` (the
+    /// default) for RoCE.
+    fn private_transport(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Device attributes (ibverbs `ibv_device_attr` + port attributes, reduced
@@ -137,8 +145,11 @@ impl std::fmt::Debug for Device {
 
 /// Provider side of a protection domain.
 pub trait PdOps: Send + Sync {
-    /// Registers `len` bytes of `buf` starting at `offset`. The region's
-    /// I/O virtual address is `buf.addr() + offset`.
+    /// Registers `len` bytes of `buf` starting at `offset`. The provider
+    /// chooses the region's I/O virtual address ([`MrOps::addr`]; as with
+    /// `ibv_reg_mr_iova`), which must not be the buffer's address in the
+    /// process and must keep `offset`'s alignment within a page (8-byte
+    /// aligned atomic targets).
     fn reg_mr(
         &self,
         buf: Arc<RdmaBuffer>,
@@ -196,7 +207,8 @@ pub trait MrOps: Send + Sync {
     fn lkey(&self) -> u32;
     /// Remote key (for peers' RDMA requests).
     fn rkey(&self) -> u32;
-    /// I/O virtual address of the first byte.
+    /// I/O virtual address of the first byte: the address space of this
+    /// region's SGEs and of peers' RDMA requests (not a process address).
     fn addr(&self) -> u64;
     /// Length in bytes.
     fn len(&self) -> usize;
@@ -223,7 +235,11 @@ impl Mr {
     pub fn rkey(&self) -> u32 {
         self.0.rkey()
     }
-    /// I/O virtual address of the first byte.
+    /// I/O virtual address of the first byte: what local SGEs ([`Mr::sge`])
+    /// and peers (RDMA WRITE/READ/atomic `remote_addr`, SMC-R's advertised
+    /// RMB address) use. Chosen by the provider at registration, never the
+    /// buffer's address in the process, so handing it to a peer reveals
+    /// nothing of our address-space layout.
     pub fn addr(&self) -> u64 {
         self.0.addr()
     }

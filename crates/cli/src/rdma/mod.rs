@@ -9,12 +9,16 @@
 //!   external decoders) and checks every result.
 //! - [`transfer`]: bulk RDMA WRITE + SEND transfer between two hosts or namespaces with
 //!   SHA-256 verification on both ends (the lossy-link test).
+//! - [`rping`]: rdma-core's `rping` (buffer exchange over SEND, RDMA READ and WRITE) over
+//!   the software iWARP RNIC (`--provider iwarp`), either role, against Linux siw.
 
 pub mod bench;
 pub mod endpoint;
+pub mod iwbench;
 pub mod oob;
 pub mod pattern;
 pub mod pingpong;
+pub mod rping;
 pub mod selftest;
 pub mod transfer;
 pub mod writetest;
@@ -83,12 +87,16 @@ pub enum RdmaCommand {
     Selftest(selftest::Args),
     /// Bulk RDMA WRITE + SEND transfer with SHA-256 checks on both ends.
     Transfer(transfer::Args),
+    /// rping (rdma-core) over the software iWARP RNIC: SEND buffer exchange, RDMA READ and
+    /// WRITE, every ping verified; pairs with `rping -s` / `rping -c` on Linux siw.
+    Rping(rping::Args),
     /// Print which RDMA provider this build has (exit 1 without one).
     Info,
 }
 
 /// `smc rdma info`.
 fn info() -> Result<(), RdmaError> {
+    println!("provider: iwarp (software iWARP RNIC: RDMAP/DDP/MPA over TCP, RFC 6581)");
     if cfg!(feature = "softroce") {
         println!("provider: softroce (software RoCEv2 RNIC over UDP 4791)");
         Ok(())
@@ -107,6 +115,7 @@ pub fn command(cmd: &RdmaCommand) -> ExitCode {
         RdmaCommand::Bench(a) => ("bench", bench::run(a)),
         RdmaCommand::Selftest(a) => ("selftest", selftest::run(a)),
         RdmaCommand::Transfer(a) => ("transfer", transfer::run(a)),
+        RdmaCommand::Rping(a) => ("rping", rping::run(a)),
         RdmaCommand::Info => ("info", info()),
     };
     match r {

@@ -21,6 +21,17 @@ pub(crate) fn eligibility(inner: &Inner, sock: &TcpStream, peer: SocketAddr) -> 
         Err(u) => OptOutcome::Unavailable { reason: u.clone() },
     };
     match inner.cfg.skip_tcp_option.decide(&outcome, peer) {
+        // A private transport (SMC-R over iWARP, outside RFC 7609) is never offered on the
+        // strength of the TCP option, which every SMC-R host sends: only to peers the
+        // override policy names, i.e. that were configured for it too.
+        Decision::Clc(ClcBasis::BothAnnounced) if inner.cfg.provider.private_transport().is_some() => {
+            Eligibility::NotEligible {
+                reason: format!(
+                    "SMC-R over {} is a private extension: only with peers listed in SMC_RS_SKIP_TCP_OPTION",
+                    inner.cfg.provider.private_transport().unwrap_or("a private transport")
+                ),
+            }
+        }
         Decision::Clc(ClcBasis::BothAnnounced) => Eligibility::BothAnnounced,
         Decision::Clc(ClcBasis::PolicyOverride { pattern }) => {
             Eligibility::PolicyOverride { pattern }

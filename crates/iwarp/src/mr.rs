@@ -1,0 +1,194 @@
+//! Protection domains and memory regions. An iWARP STag is our rkey (RFC 5040 §2.1: "STag:
+//! the identifier of a tagged buffer"); lkey = rkey. The upper 24 bits are an index, the
+//! low 8 bits a random key byte, so a deregistered region's STag does not name a later
+//! region and STags cannot be guessed from one another.
+//!
+//! All reads and writes of registered memory go through [`MrEntry::fetch`] and
+//! [`MrEntry::place`], the only two call sites that touch `RdmaBuffer`.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+use smc_verbs::{AccessFlags, MrOps, PdOps, QpInitAttr, QpOps, RdmaBuffer, Result, VerbsError};
+
+use crate::device::DevShared;
+
+/// A registered region.
+#[derive(Debug)]
+pub(crate) struct MrEntry {
+    buf: Arc<RdmaBuffer>,
+    base: usize,
+    pub(crate) len: usize,
+    pub(crate) iova: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) pd: u32,
+    pub(crate) key: u32,
+}
+
+impl MrEntry {
+    /// Region offset of `[va, va+len)` if it lies inside the region.
+    pub(crate) fn offset_of(&self, va: u64, len: u64) -> Option<usize> {
+        let start = va.checked_sub(self.iova)?;
+        let end = start.checked_add(len)?;
+        (end <= self.len as u64).then_some(start as usize)
+    }
+    /// Copies region bytes `[off, off + dst.len())` out (bounds checked by the caller via
+    /// [`MrEntry::offset_of`]).
+    pub(crate) fn fetch(&self, off: usize, dst: &mut [u8]) {
+        self.buf.read(self.base + off, dst)
+    }
+    /// Copies `src` into the region at `off`.
+    pub(crate) fn place(&self, off: usize, src: &[u8]) {
+        self.buf.write(self.base + off, src)
+    }
+}
+
+/// The device's STag → region table.
+#[derive(Default)]
+pub(crate) struct MrTable {
+    map: RwLock<HashMap<u32, Arc<MrEntry>>>,
+    next_index: AtomicU32,
+}
+
+impl MrTable {
+    pub(crate) fn lookup(&self, key: u32) -> Option<Arc<MrEntry>> {
+        self.map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+    }
+    fn insert(&self, mut e: MrEntry, max: usize) -> Result<Arc<MrEntry>> {
+        let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= max {
+            return Err(VerbsError::ResourceExhausted("memory regions"));
+        }
+        loop {
+            let idx = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            // STag 0 is never a region: the RTR messages use it (CHECKLIST AMB-M4).
+            let key = (idx << 8) | (random_u32() & 0xff);
+            if key != 0 && !m.contains_key(&key) {
+                e.key = key;
+                break;
+            }
+        }
+        let e = Arc::new(e);
+        m.insert(e.key, e.clone());
+        Ok(e)
+    }
+    fn remove(&self, key: u32) {
+        self.map
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    }
+}
+
+/// A random 32-bit value.
+pub(crate) fn random_u32() -> u32 {
+    let mut v = [0u8; 4];
+    // SAFETY: getrandom writes at most 4 bytes into `v`.
+    let n = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 4, 0) };
+    if n == 4 {
+        u32::from_ne_bytes(v)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0x5eed)
+    }
+}
+
+/// Protection domain.
+pub(crate) struct IwPd {
+    pub(crate) id: u32,
+    pub(crate) dev: Arc<DevShared>,
+}
+
+impl PdOps for IwPd {
+    fn reg_mr(
+        &self,
+        buf: Arc<RdmaBuffer>,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Box<dyn MrOps>> {
+        if !buf.contains(offset, len) {
+            return Err(VerbsError::InvalidArgument("region outside the buffer"));
+        }
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(VerbsError::InvalidArgument(
+                "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
+            ));
+        }
+        let entry = self.dev.mrs.insert(
+            MrEntry {
+                iova: random_iova(offset),
+                buf,
+                base: offset,
+                len,
+                access,
+                pd: self.id,
+                key: 0,
+            },
+            self.dev.attr.max_mr as usize,
+        )?;
+        Ok(Box::new(IwMr {
+            entry,
+            dev: self.dev.clone(),
+        }))
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
+        crate::qp::create(self, attr)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Memory region handle; dropping it deregisters the region.
+pub(crate) struct IwMr {
+    entry: Arc<MrEntry>,
+    dev: Arc<DevShared>,
+}
+
+impl Drop for IwMr {
+    fn drop(&mut self) {
+        self.dev.mrs.remove(self.entry.key);
+    }
+}
+
+impl MrOps for IwMr {
+    fn lkey(&self) -> u32 {
+        self.entry.key
+    }
+    fn rkey(&self) -> u32 {
+        self.entry.key
+    }
+    fn addr(&self) -> u64 {
+        self.entry.iova
+    }
+    fn len(&self) -> usize {
+        self.entry.len
+    }
+    fn access(&self) -> AccessFlags {
+        self.entry.access
+    }
+    fn buffer(&self) -> &Arc<RdmaBuffer> {
+        &self.entry.buf
+    }
+}
+
+/// A region's I/O virtual address: a random page-aligned base below 2^62 (so `iova +
+/// len` never wraps) plus `offset`'s place in its page. Never the process address: a
+/// peer learns nothing of our address-space layout from an RToken (`PdOps::reg_mr`).
+fn random_iova(offset: usize) -> u64 {
+    let base = rand::random::<u64>() & 0x3fff_ffff_ffff_f000;
+    base + (offset as u64 & 0xfff)
+}
