@@ -150,7 +150,7 @@ impl StackConfig {
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
-        match UeidTable::from_env_or_file() {
+        match crate::ueid_file::from_env_or_file() {
             Ok(t) => c.ueids = t,
             Err(e) => warn!(error = %e, "UEIDs ignored"),
         }

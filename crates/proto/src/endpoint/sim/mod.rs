@@ -5,7 +5,7 @@
 //! replays exactly the same interleaving of TCP, RoCE, timers and applications: a
 //! failing seed is a one-line reproduction (`SMC_SIM_SEED=<seed>`).
 //!
-//! The host glue here does what the runtime does (`crate::runtime`): it implements
+//! The host glue here does what the runtime does (the `smc` crate's runtime): it implements
 //! [`Host`], routes CDCs through a [`TokenTable`], drives each connection's `Conn`
 //! machine (posting its RDMA WRITEs and CDC on the link's QP), and runs small scripted
 //! applications (a client that sends and reads back, an echo server). What is
@@ -17,9 +17,9 @@ mod node;
 #[cfg(test)]
 mod tests;
 
+use ::core::net::{IpAddr, Ipv4Addr};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;

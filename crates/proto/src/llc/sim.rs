@@ -43,7 +43,7 @@ pub fn device(host: usize, n: u32) -> Device {
     Device {
         id: DeviceId(n),
         mac: Mac([2, 0, 0, 0, h, n as u8]),
-        gid: Gid::from_ipv4(std::net::Ipv4Addr::new(10, h, 0, n as u8)),
+        gid: Gid::from_ipv4(::core::net::Ipv4Addr::new(10, h, 0, n as u8)),
     }
 }
 

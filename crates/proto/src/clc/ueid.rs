@@ -12,27 +12,19 @@
 //!   inside, no lower case;
 //! - a host holds at most [`MAX_LOCAL_UEIDS`] (4, `SMC_MAX_UEID`); duplicates are refused.
 //!
-//! Sources of configuration, for the `smc ueid add|del|show` command and the runtime:
-//! - a file, one UEID per line, `#` comments and blank lines ignored ([`UeidTable::load`],
-//!   [`UeidTable::save`]; default path [`DEFAULT_UEID_FILE`], overridden by the
-//!   environment variable [`UEID_FILE_ENV`]);
-//! - the environment variable [`UEID_ENV`] (comma- or blank-separated), which, when set,
-//!   replaces the file ([`UeidTable::from_env_or_file`]).
+//! Sources of configuration (read by the `smc` crate's `ueid_file` module, for the
+//! `smc ueid add|del|show` command and the runtime): a file, one UEID per line, `#`
+//! comments and blank lines ignored ([`UeidTable::parse_file`],
+//! [`UeidTable::to_file_text`]); an environment variable, comma- or blank-separated
+//! ([`UeidTable::parse_list`]).
 
 use std::fmt;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use smc_wire::common::Eid;
 
 /// Most user EIDs one host holds (Linux `SMC_MAX_UEID`).
 pub const MAX_LOCAL_UEIDS: usize = 4;
-/// Environment variable listing the UEIDs (comma- or blank-separated); overrides the file.
-pub const UEID_ENV: &str = "SMC_RS_UEID";
-/// Environment variable naming the UEID file (default [`DEFAULT_UEID_FILE`]).
-pub const UEID_FILE_ENV: &str = "SMC_RS_UEID_FILE";
-/// Default UEID file.
-pub const DEFAULT_UEID_FILE: &str = "/etc/smc-rs/ueid";
 
 /// A bad UEID or a table operation that cannot be done.
 #[derive(Debug, thiserror::Error)]
@@ -54,14 +46,6 @@ pub enum UeidError {
     /// The UEID is not in the table.
     #[error("UEID `{0}` is not configured")]
     NotFound(String),
-    /// Reading or writing the file failed.
-    #[error("UEID file {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
     /// A line of the file is not a valid UEID.
     #[error("UEID file {path}, line {line}: {source}")]
     File {
@@ -246,69 +230,6 @@ impl UeidTable {
         }
         s
     }
-
-    /// Loads a UEID file; a missing file is an empty table.
-    pub fn load(path: &Path) -> Result<UeidTable, UeidError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => UeidTable::parse_file(&text, path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(UeidTable::new()),
-            Err(source) => Err(UeidError::Io {
-                path: path.to_path_buf(),
-                source,
-            }),
-        }
-    }
-
-    /// Writes the table to `path` atomically (temporary file in the same directory, then
-    /// rename), creating the directory if needed.
-    pub fn save(&self, path: &Path) -> Result<(), UeidError> {
-        let io = |source| UeidError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".tmp.{}", std::process::id()));
-        let tmp = PathBuf::from(tmp);
-        let result = (|| {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(self.to_file_text().as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        result.map_err(io)
-    }
-
-    /// The UEID file in effect: [`UEID_FILE_ENV`] if set and not empty, else
-    /// [`DEFAULT_UEID_FILE`].
-    pub fn default_path() -> PathBuf {
-        match std::env::var_os(UEID_FILE_ENV) {
-            Some(p) if !p.is_empty() => PathBuf::from(p),
-            _ => PathBuf::from(DEFAULT_UEID_FILE),
-        }
-    }
-
-    /// The configuration in effect: [`UEID_ENV`] when set (even empty: an empty value
-    /// disables SMC-Rv2), else the file at [`UeidTable::default_path`].
-    pub fn from_env_or_file() -> Result<UeidTable, UeidError> {
-        UeidTable::resolve(
-            std::env::var(UEID_ENV).ok().as_deref(),
-            &UeidTable::default_path(),
-        )
-    }
-
-    /// [`UeidTable::from_env_or_file`] with the environment value passed in (testable).
-    pub fn resolve(env_value: Option<&str>, file: &Path) -> Result<UeidTable, UeidError> {
-        match env_value {
-            Some(v) => UeidTable::parse_list(v),
-            None => UeidTable::load(file),
-        }
-    }
 }
 
 impl<'a> IntoIterator for &'a UeidTable {
@@ -393,38 +314,5 @@ mod tests {
         let mut nul = Eid::new("X").unwrap();
         nul.0[1..].fill(0);
         assert!(!t.contains_eid(&nul));
-    }
-
-    #[test]
-    fn file_round_trip_and_errors() {
-        let dir = std::env::temp_dir().join(format!("smc-rs-ueid-test-{}", std::process::id()));
-        let path = dir.join("sub").join("ueid");
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(UeidTable::load(&path).unwrap().is_empty(), "missing file");
-        let t = UeidTable::parse_list("SMC-PEER-TEST, OTHER.1\nTHIRD").unwrap();
-        t.save(&path).unwrap();
-        assert_eq!(UeidTable::load(&path).unwrap(), t);
-        std::fs::write(&path, "# c\n\nGOOD # trailing comment\nbad one\n").unwrap();
-        match UeidTable::load(&path) {
-            Err(UeidError::File { line: 4, .. }) => {}
-            other => panic!("{other:?}"),
-        }
-        // The environment value wins over the file, and an empty value disables v2.
-        std::fs::write(&path, "FROMFILE\n").unwrap();
-        assert_eq!(
-            UeidTable::resolve(Some("ENV1 ENV2"), &path).unwrap().len(),
-            2
-        );
-        assert!(UeidTable::resolve(Some(""), &path).unwrap().is_empty());
-        assert_eq!(
-            UeidTable::resolve(None, &path)
-                .unwrap()
-                .iter()
-                .next()
-                .unwrap()
-                .to_string(),
-            "FROMFILE"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,8 +1,8 @@
 //! One simulated host: an [`Endpoint`], its [`Host`] glue (QPs, registered memory,
 //! tokens), its connections' `Conn` machines and the applications using them.
 
+use ::core::net::IpAddr;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::time::Instant;
 
 use rand::rngs::StdRng;

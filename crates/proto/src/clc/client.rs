@@ -616,7 +616,7 @@ fn ip_area(ip: &ProposalIp) -> Option<IpArea> {
             if !prefixes.is_empty() && prefixes.iter().all(|p| p.len <= 128) =>
         {
             Some(IpArea {
-                subnet: std::net::Ipv4Addr::UNSPECIFIED,
+                subnet: ::core::net::Ipv4Addr::UNSPECIFIED,
                 prefix_len: 0,
                 ipv6_prefixes: prefixes.clone(),
             })

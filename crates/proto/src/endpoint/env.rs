@@ -1,8 +1,8 @@
 //! What a rendezvous asks of the endpoint ([`ClcEnv`]): link-group lookups and creation,
 //! RMB elements and tokens, the peer's RMB, routes and cleanup.
 
+use ::core::net::IpAddr;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use smc_wire::common::{Gid, PeerId};

@@ -1,7 +1,7 @@
 //! Running rendezvous: the clc machine of each TCP connection, how its outputs are
 //! carried out, and how a finished one becomes a connection.
 
-use std::net::IpAddr;
+use ::core::net::IpAddr;
 use std::time::Instant;
 
 use smc_wire::decline::DeclineCode;

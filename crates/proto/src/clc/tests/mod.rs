@@ -10,8 +10,8 @@ mod linux;
 mod subsequent;
 mod v2;
 
+use ::core::net::{IpAddr, Ipv4Addr};
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;

@@ -44,8 +44,8 @@ mod rendezvous;
 pub mod sim;
 pub mod tokens;
 
+use ::core::net::IpAddr;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use smc_wire::common::{BufSize, Gid, Mac, QpMtu};

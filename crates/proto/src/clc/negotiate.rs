@@ -1,7 +1,7 @@
 //! The decisions of the rendezvous as plain functions: which version the server
 //! answers in, the v1 same-LAN check, and the SMCv2.1 limit rules of both roles.
 
-use std::net::IpAddr;
+use ::core::net::IpAddr;
 
 use smc_wire::clc::{
     Eyecatcher, FirstContactExt, IpArea, PathType, ProposalBody, ProposalRepr, ProposalV2Ext,
@@ -91,7 +91,7 @@ pub(crate) fn same_lan(ip: &IpArea, local: &[LocalPrefix]) -> bool {
     }
 }
 
-fn is_link_local(a: std::net::Ipv6Addr) -> bool {
+fn is_link_local(a: ::core::net::Ipv6Addr) -> bool {
     a.segments()[0] & 0xffc0 == 0xfe80
 }
 
@@ -296,9 +296,9 @@ pub(crate) fn server_confirm_check(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ::core::net::{Ipv4Addr, Ipv6Addr};
     use arrayvec::ArrayVec;
     use smc_wire::clc::Ipv6Prefix;
-    use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn v4(subnet: [u8; 4], prefix_len: u8) -> IpArea {
         IpArea {

@@ -19,11 +19,11 @@
 //! when it ends in [`Outcome::Smc`](super::Outcome::Smc) it all belongs to the new
 //! connection.
 
+use ::core::net::{IpAddr, Ipv4Addr};
 use arrayvec::ArrayVec;
 use smc_wire::clc::Ipv6Prefix;
 use smc_wire::common::{BufSize, Eid, Gid, Mac, PeerId, QpMtu, U24};
 use smc_wire::decline::DeclineCode;
-use std::net::{IpAddr, Ipv4Addr};
 
 use super::SmcVersion;
 
