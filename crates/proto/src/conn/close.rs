@@ -117,7 +117,7 @@ impl Conn {
         }
         if !self.cl.app_shut_wr {
             self.cl.app_shut_wr = true;
-            self.cl.want |= ConnStateFlags::DONE_WRITING;
+            self.cl.want |= ConnStateFlags::PEER_DONE_WRITING;
             self.events |= Events::TRANSMIT;
             debug!(token = self.local_token, state = %self.state, "shutdown write requested");
         }
@@ -143,7 +143,7 @@ impl Conn {
             self.abort_with(AbortReason::UnreadDataOnClose, now, true);
             return;
         }
-        self.cl.want |= ConnStateFlags::CLOSED;
+        self.cl.want |= ConnStateFlags::PEER_CONN_CLOSED;
         self.events |= Events::TRANSMIT;
         // After an earlier shutdown(SHUT_WR) we wait for the peer already; from now on
         // with the termination timer (see `set_state`).
@@ -192,20 +192,20 @@ impl Conn {
         if rst {
             self.events |= Events::TCP_RESET;
         }
-        if self.cl.sent.contains(ConnStateFlags::CLOSED) {
+        if self.cl.sent.contains(ConnStateFlags::PEER_CONN_CLOSED) {
             // AMB-44: after C only a plain TCP reset is possible; no A follows C.
             self.enter_closed();
             return;
         }
-        self.cl.want |= ConnStateFlags::ABORT;
+        self.cl.want |= ConnStateFlags::PEER_CONN_ABORT;
         self.events |= Events::TRANSMIT;
         self.set_state(State::PeerAbortWait, now);
     }
 
     /// A close flag has just been posted: Fig 22 transitions 3A, 4B, 4C, 3D.
     pub(super) fn on_close_flags_posted(&mut self, flags: ConnStateFlags, now: Instant) {
-        let peer_closed = self.cl.peer.contains(ConnStateFlags::CLOSED);
-        if flags.contains(ConnStateFlags::CLOSED) {
+        let peer_closed = self.cl.peer.contains(ConnStateFlags::PEER_CONN_CLOSED);
+        if flags.contains(ConnStateFlags::PEER_CONN_CLOSED) {
             match self.state {
                 State::Active => self.set_state(State::PeerCloseWait1, now),
                 State::AppCloseWait1 | State::AppCloseWait2 => {
@@ -218,7 +218,7 @@ impl Conn {
                 State::AppFinCloseWait => self.enter_closed(),
                 _ => {}
             }
-        } else if flags.contains(ConnStateFlags::DONE_WRITING) {
+        } else if flags.contains(ConnStateFlags::PEER_DONE_WRITING) {
             match self.state {
                 State::Active => self.set_state(State::PeerCloseWait1, now),
                 State::AppCloseWait1 => self.set_state(State::AppCloseWait2, now),
@@ -235,16 +235,16 @@ impl Conn {
             return;
         }
         self.cl.peer |= new;
-        if new.contains(ConnStateFlags::ABORT) {
+        if new.contains(ConnStateFlags::PEER_CONN_ABORT) {
             self.on_peer_abort(now);
             return;
         }
-        let closed = self.cl.peer.contains(ConnStateFlags::CLOSED);
+        let closed = self.cl.peer.contains(ConnStateFlags::PEER_CONN_CLOSED);
         self.events |= Events::PEER_DONE | Events::READABLE;
         if closed {
             self.events |= Events::WRITABLE;
         }
-        if new.contains(ConnStateFlags::CLOSED)
+        if new.contains(ConnStateFlags::PEER_CONN_CLOSED)
             && matches!(
                 self.state,
                 State::Active | State::AppCloseWait1 | State::AppCloseWait2
@@ -258,7 +258,7 @@ impl Conn {
         match self.state {
             State::Active => self.set_state(State::AppCloseWait1, now),
             State::PeerCloseWait1 | State::PeerCloseWait2 if closed => {
-                if self.cl.sent.contains(ConnStateFlags::CLOSED) {
+                if self.cl.sent.contains(ConnStateFlags::PEER_CONN_CLOSED) {
                     self.enter_closed(); // 3C
                 } else {
                     self.set_state(State::AppFinCloseWait, now); // 3D
@@ -273,18 +273,18 @@ impl Conn {
 
     /// The peer's A arrived (§4.8.2 1B, 2A, 2B).
     pub(super) fn on_peer_abort(&mut self, now: Instant) {
-        self.cl.peer |= ConnStateFlags::ABORT;
+        self.cl.peer |= ConnStateFlags::PEER_CONN_ABORT;
         match self.state {
             State::Closed | State::ProcessAbort => {}
             State::PeerAbortWait => {
-                if self.cl.sent.contains(ConnStateFlags::ABORT) {
+                if self.cl.sent.contains(ConnStateFlags::PEER_CONN_ABORT) {
                     self.enter_closed(); // 1B
                 } else {
                     // Concurrent aborts: our A still has to go out (both take path 1).
                     self.set_state(State::ProcessAbort, now);
                 }
             }
-            _ if self.cl.sent.contains(ConnStateFlags::CLOSED) => {
+            _ if self.cl.sent.contains(ConnStateFlags::PEER_CONN_CLOSED) => {
                 // Nothing may follow our C: the RMBE is free.
                 self.set_error(ConnError::Aborted(AbortReason::PeerAbort));
                 self.rx_purge();
@@ -296,7 +296,7 @@ impl Conn {
                 self.cl.app_shut_wr = true;
                 self.rx_purge();
                 self.tx_purge();
-                self.cl.want |= ConnStateFlags::ABORT;
+                self.cl.want |= ConnStateFlags::PEER_CONN_ABORT;
                 self.events |= Events::TRANSMIT;
                 self.set_state(State::ProcessAbort, now);
             }

@@ -19,29 +19,9 @@
 //! the peer is turned back into a position relative to a known one with [`RmbeGeometry::dist`]
 //! — valid only when the distance is at most `cap` (CHECKLIST B.18, WIN-12).
 
-use std::fmt;
-
-/// A producer or consumer cursor as carried in a CDC message (RFC 7609 Appendix A.4).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Cursor {
-    /// Wrap sequence number: incremented each time the cursor wraps (mod 2^16).
-    pub wrap: u16,
-    /// Byte offset inside the RMB element, in `[data_off, len)`.
-    pub count: u32,
-}
-
-impl Cursor {
-    /// A cursor with the given wrap counter and offset.
-    pub const fn new(wrap: u16, count: u32) -> Self {
-        Cursor { wrap, count }
-    }
-}
-
-impl fmt::Debug for Cursor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "({}, {})", self.wrap, self.count)
-    }
-}
+/// A producer or consumer cursor as carried in a CDC message (RFC 7609 Appendix A.4):
+/// `smc-wire`'s, used as is.
+pub use smc_wire::cdc::Cursor;
 
 /// Why an [`RmbeGeometry`] was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

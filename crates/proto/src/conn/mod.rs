@@ -103,7 +103,7 @@ use std::time::{Duration, Instant};
 use bitflags::bitflags;
 use tracing::{debug, warn};
 
-pub use cdc::{seq_before, CdcMsg, ConnStateFlags, ProducerFlags};
+pub use cdc::{seq_before, CdcRepr, ConnStateFlags, ProducerFlags};
 pub use close::State;
 pub use cursor::{Cursor, GeometryError, RmbeGeometry};
 
@@ -475,7 +475,7 @@ pub struct Transmit {
     writes: [RmbeWrite; 3],
     n_writes: u8,
     /// The CDC to SEND after the writes.
-    pub cdc: CdcMsg,
+    pub cdc: CdcRepr,
 }
 
 impl Transmit {

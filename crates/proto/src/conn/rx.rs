@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tracing::{trace, warn};
 
-use super::cdc::{seq_before, CdcMsg, ConnStateFlags, ProducerFlags};
+use super::cdc::{seq_before, CdcRepr, ConnStateFlags, ProducerFlags};
 use super::cursor::Cursor;
 use super::{
     AbortReason, CdcOutcome, Conn, ConnError, Events, OobError, Regions, State, UpdatePolicy,
@@ -84,7 +84,7 @@ impl Conn {
     /// the urgent byte (the CDC's writes are placed before the CDC is seen: RC order).
     pub fn handle_cdc<F: FnOnce(u32) -> u8>(
         &mut self,
-        msg: &CdcMsg,
+        msg: &CdcRepr,
         now: Instant,
         read_byte: F,
     ) -> CdcOutcome {
@@ -98,25 +98,29 @@ impl Conn {
             return self.handle_failover_validation(msg, now);
         }
         // A.4 / WIN-11: older than the last one → discard; equal → idempotent.
-        if seq_before(msg.seq, self.rx.seq_last) {
-            trace!(token = self.local_token, seq = msg.seq, "stale cdc dropped");
+        if seq_before(msg.seqno, self.rx.seq_last) {
+            trace!(
+                token = self.local_token,
+                seq = msg.seqno,
+                "stale cdc dropped"
+            );
             return CdcOutcome::Stale;
         }
         // Received, even if its content is ignored below: SR covers it (§4.6.1), or a
         // replay of the peer's C after a failover would look like lost data.
-        self.rx.seq_last = msg.seq;
-        self.rx.sr = msg.seq;
+        self.rx.seq_last = msg.seqno;
+        self.rx.sr = msg.seqno;
         // TRM-2: nothing may follow the peer's C or A.
         if self
             .cl
             .peer
-            .intersects(ConnStateFlags::CLOSED | ConnStateFlags::ABORT)
+            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
         {
             return CdcOutcome::Ignored;
         }
         if self.state == State::PeerAbortWait {
             // §4.8.2 1A: ignore all other activity, wait for the peer's A.
-            if msg.conn_flags.contains(ConnStateFlags::ABORT) {
+            if msg.conn_flags.contains(ConnStateFlags::PEER_CONN_ABORT) {
                 self.on_peer_abort(now);
                 return CdcOutcome::Accepted;
             }
@@ -135,7 +139,7 @@ impl Conn {
             && self
                 .cl
                 .peer
-                .intersects(ConnStateFlags::DONE_WRITING | ConnStateFlags::CLOSED)
+                .intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED)
         {
             return self.peer_violation(Violation::DataAfterDone, now);
         }
@@ -146,19 +150,19 @@ impl Conn {
         if prod_d > 0 {
             self.rx.prod += prod_d;
             self.events |= Events::READABLE;
-            if msg.prod_flags.contains(ProducerFlags::URGENT_PRESENT) {
+            if msg.prod_flags.contains(ProducerFlags::URG_PRESENT) {
                 self.rx_urgent_arrived(read_byte);
             }
         }
-        let pending = msg.prod_flags.contains(ProducerFlags::URGENT_PENDING)
-            && !(prod_d > 0 && msg.prod_flags.contains(ProducerFlags::URGENT_PRESENT));
+        let pending = msg.prod_flags.contains(ProducerFlags::URG_PENDING)
+            && !(prod_d > 0 && msg.prod_flags.contains(ProducerFlags::URG_PRESENT));
         if pending {
             self.rx_urgent_pending();
         }
         self.rx.peer_flags = msg.prod_flags
             & (ProducerFlags::WRITE_BLOCKED
                 | ProducerFlags::CONS_UPDATE_REQ
-                | ProducerFlags::URGENT_PENDING);
+                | ProducerFlags::URG_PENDING);
         // A blocked or urgent-pending writer, or one asking for it, learns about
         // consumption it has not been told of now, not at our next read.
         if !self.rx.peer_flags.is_empty() && self.rx.cons != self.rx.cons_sent {
@@ -212,15 +216,15 @@ impl Conn {
     }
 
     /// §4.6.1: the peer moved to a new link and tells us the last seqno it knows we got.
-    fn handle_failover_validation(&mut self, msg: &CdcMsg, now: Instant) -> CdcOutcome {
+    fn handle_failover_validation(&mut self, msg: &CdcRepr, now: Instant) -> CdcOutcome {
         if matches!(self.state, State::PeerAbortWait | State::ProcessAbort) {
             return CdcOutcome::Ignored;
         }
-        if seq_before(self.rx.sr, msg.seq) {
+        if seq_before(self.rx.sr, msg.seqno) {
             warn!(
                 token = self.local_token,
                 sr = self.rx.sr,
-                seq = msg.seq,
+                seq = msg.seqno,
                 "failover validation: data lost"
             );
             self.abort_with(AbortReason::FailoverDataLoss, now, true);
@@ -229,7 +233,7 @@ impl Conn {
         trace!(
             token = self.local_token,
             sr = self.rx.sr,
-            seq = msg.seq,
+            seq = msg.seqno,
             "failover validated"
         );
         CdcOutcome::FailoverValidated
@@ -367,7 +371,7 @@ impl Conn {
             && self
                 .cl
                 .peer
-                .intersects(ConnStateFlags::DONE_WRITING | ConnStateFlags::CLOSED)
+                .intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED)
             && self.rx_readable() == 0
             && self.rx.cons >= self.rx.prod
     }

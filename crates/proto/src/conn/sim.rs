@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::{
-    CdcMsg, CdcOutcome, Conn, ConnConfig, ConnParams, Cursor, Events, OobError, RmbeGeometry,
+    CdcOutcome, CdcRepr, Conn, ConnConfig, ConnParams, Cursor, Events, OobError, RmbeGeometry,
     RmbeWrite, State, Transmit,
 };
 
@@ -88,13 +88,13 @@ pub struct TraceItem {
     /// The RDMA WRITEs before the CDC.
     pub writes: Vec<RmbeWrite>,
     /// The CDC.
-    pub cdc: CdcMsg,
+    pub cdc: CdcRepr,
 }
 
 #[derive(Debug)]
 enum Wr {
     Data(Transmit),
-    Validation(CdcMsg),
+    Validation(CdcRepr),
 }
 
 /// A simulated host: its connection and its memory.
@@ -125,7 +125,7 @@ pub struct Host {
     pub outcomes: Vec<CdcOutcome>,
     /// Stream indices of the urgent bytes this host sent.
     pub urgent_sent: Vec<u64>,
-    rq: VecDeque<CdcMsg>,
+    rq: VecDeque<CdcRepr>,
     cq: VecDeque<u16>,
     seed: u64,
     /// This host's TCP reset has reached the peer.
@@ -412,7 +412,7 @@ impl Sim {
                     place(s, r, w, &mut faults);
                 }
                 r.rq.push_back(t.cdc);
-                s.cq.push_back(t.cdc.seq);
+                s.cq.push_back(t.cdc.seqno);
             }
             Wr::Validation(m) => r.rq.push_back(m),
         }
@@ -423,8 +423,8 @@ impl Sim {
     /// The oldest WR from `from` is lost on the wire (no placement, no CDC).
     pub fn drop_in_flight(&mut self, from: Side) -> Option<u16> {
         match self.queue(from).pop_front()? {
-            Wr::Data(t) => Some(t.cdc.seq),
-            Wr::Validation(m) => Some(m.seq),
+            Wr::Data(t) => Some(t.cdc.seqno),
+            Wr::Validation(m) => Some(m.seqno),
         }
     }
 
@@ -551,7 +551,7 @@ impl Sim {
                 format!(
                     "{:?} seq {} prod {:?} cons {:?} {:?} {:?} bytes {}",
                     t.from,
-                    t.cdc.seq,
+                    t.cdc.seqno,
                     t.cdc.prod,
                     t.cdc.cons,
                     t.cdc.prod_flags,

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use tracing::{debug, trace};
 
-use super::cdc::{CdcMsg, ConnStateFlags, ProducerFlags};
+use super::cdc::{CdcRepr, ConnStateFlags, ProducerFlags};
 use super::{Conn, ConnError, Events, InflightEntry, Regions, RmbeWrite, State, Transmit};
 
 #[derive(Debug)]
@@ -119,7 +119,7 @@ impl Conn {
         if self.cl.app_shut_wr {
             return Err(ConnError::SendShutdown);
         }
-        if self.cl.peer.contains(ConnStateFlags::CLOSED) {
+        if self.cl.peer.contains(ConnStateFlags::PEER_CONN_CLOSED) {
             return Err(ConnError::PeerClosed);
         }
         match self.state {
@@ -183,20 +183,20 @@ impl Conn {
         if self
             .cl
             .sent
-            .intersects(ConnStateFlags::CLOSED | ConnStateFlags::ABORT)
+            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
         {
             return None;
         }
         // §4.8.2 1A/2B: the abort indicator goes out before anything else.
-        if self.cl.want.contains(ConnStateFlags::ABORT) {
-            return Some(self.emit(0, ConnStateFlags::ABORT, now));
+        if self.cl.want.contains(ConnStateFlags::PEER_CONN_ABORT) {
+            return Some(self.emit(0, ConnStateFlags::PEER_CONN_ABORT, now));
         }
         if self.state == State::Closed {
             // Only a C whose CDC was lost in a link failure is sent again.
-            let replay_c = self.cl.want.contains(ConnStateFlags::CLOSED)
-                && !self.cl.sent.contains(ConnStateFlags::CLOSED)
+            let replay_c = self.cl.want.contains(ConnStateFlags::PEER_CONN_CLOSED)
+                && !self.cl.sent.contains(ConnStateFlags::PEER_CONN_CLOSED)
                 && self.inflight.is_empty();
-            return replay_c.then(|| self.emit(0, ConnStateFlags::CLOSED, now));
+            return replay_c.then(|| self.emit(0, ConnStateFlags::PEER_CONN_CLOSED, now));
         }
         if matches!(self.state, State::PeerAbortWait | State::ProcessAbort) {
             return None;
@@ -233,7 +233,7 @@ impl Conn {
         let mut t = Transmit {
             writes: [RmbeWrite::default(); 3],
             n_writes: 0,
-            cdc: CdcMsg::default(),
+            cdc: CdcRepr::default(),
         };
         self.split_writes(n, &mut t);
         let sent = self.tx.sent + n;
@@ -246,17 +246,17 @@ impl Conn {
         }
         let covered = self.tx.urg.filter(|&u| u < sent);
         if self.tx.urg.is_some() {
-            pf |= ProducerFlags::URGENT_PENDING;
+            pf |= ProducerFlags::URG_PENDING;
         }
         if covered.is_some() {
-            pf |= ProducerFlags::URGENT_PRESENT;
+            pf |= ProducerFlags::URG_PRESENT;
         }
         if self.tx.r_active {
             pf |= ProducerFlags::CONS_UPDATE_REQ;
         }
         let conn_flags = self.cl.sent | close_new;
-        t.cdc = CdcMsg {
-            seq,
+        t.cdc = CdcRepr {
+            seqno: seq,
             token: self.peer_token,
             prod: self.peer.cursor_at(self.tx.p0 + sent),
             // CDC-5: every CDC carries the current consumer cursor.
@@ -274,7 +274,7 @@ impl Conn {
             self.tx.p_signalled = false;
             self.tx.hold = Some(u);
             self.tx_check_hold_release();
-        } else if pf.contains(ProducerFlags::URGENT_PENDING) {
+        } else if pf.contains(ProducerFlags::URG_PENDING) {
             self.tx.p_signalled = true;
         }
         self.rx.cons_sent = self.rx.cons;
@@ -402,14 +402,16 @@ impl Conn {
             self.rx.cons_confirmed = e.cons;
             let newly = e.flags - self.cl.confirmed;
             self.cl.confirmed |= e.flags;
-            if newly.intersects(ConnStateFlags::DONE_WRITING | ConnStateFlags::CLOSED)
+            if newly
+                .intersects(ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED)
                 && !self.cl.fin_signalled
             {
                 // TRM-3: the TCP FIN follows the SMC-R close flags.
                 self.cl.fin_signalled = true;
                 self.events |= Events::TCP_SHUTDOWN;
             }
-            if newly.contains(ConnStateFlags::ABORT) && self.state == State::ProcessAbort {
+            if newly.contains(ConnStateFlags::PEER_CONN_ABORT) && self.state == State::ProcessAbort
+            {
                 // §4.8.2 2B: our abort indicator is out; the RMBE is free.
                 self.enter_closed();
             }
@@ -440,9 +442,9 @@ impl Conn {
     /// The next [`Conn::poll_transmit`] calls replay what was not confirmed: data from
     /// the last known-delivered position, and any D/C/A or urgent indication that was
     /// not confirmed, with seqnos above every failed one (§4.6.2, "combine" option).
-    pub fn prepare_failover(&mut self) -> Option<CdcMsg> {
+    pub fn prepare_failover(&mut self) -> Option<CdcRepr> {
         if self.state == State::Closed
-            && !(self.cl.sent - self.cl.confirmed).contains(ConnStateFlags::CLOSED)
+            && !(self.cl.sent - self.cl.confirmed).contains(ConnStateFlags::PEER_CONN_CLOSED)
         {
             self.inflight.clear();
             self.link_failed = false;
@@ -479,12 +481,12 @@ impl Conn {
             lost,
             "failover: replaying unconfirmed writes"
         );
-        Some(CdcMsg {
-            seq: self.ss,
+        Some(CdcRepr {
+            seqno: self.ss,
             token: self.peer_token,
             prod: self.peer.cursor_at(self.tx.p0 + self.tx.sent),
             cons: self.local.cursor_at(self.rx.r0 + self.rx.cons_sent),
-            prod_flags: ProducerFlags::FAILOVER,
+            prod_flags: ProducerFlags::FAILOVER_VALIDATION,
             conn_flags: ConnStateFlags::empty(),
         })
     }

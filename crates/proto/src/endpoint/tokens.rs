@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use rand::RngCore;
 
 use crate::clc::LgrId;
-use crate::conn::CdcMsg;
+use crate::conn::CdcRepr;
 
 /// Most early CDCs kept per token (a well-behaved peer sends a handful at most before
 /// the Confirm is processed: its window is our whole RMBE).
@@ -53,7 +53,7 @@ pub enum DropReason {
 struct Slot<C> {
     lgr: LgrId,
     conn: Option<C>,
-    early: Vec<CdcMsg>,
+    early: Vec<CdcRepr>,
 }
 
 /// Token → connection (or rendezvous still running), with the early CDCs.
@@ -94,7 +94,7 @@ impl<C: Clone> TokenTable<C> {
     }
 
     /// Attaches the connection; returns the CDCs that arrived before it, in order.
-    pub fn attach(&mut self, token: u32, conn: C) -> Vec<CdcMsg> {
+    pub fn attach(&mut self, token: u32, conn: C) -> Vec<CdcRepr> {
         match self.map.get_mut(&token) {
             Some(s) => {
                 s.conn = Some(conn);
@@ -116,7 +116,7 @@ impl<C: Clone> TokenTable<C> {
 
     /// Routes a CDC that arrived on a link of `lgr`: to its connection, into the early
     /// queue of a token whose connection is not attached yet, or nowhere.
-    pub fn route(&mut self, lgr: LgrId, msg: &CdcMsg) -> Route<C> {
+    pub fn route(&mut self, lgr: LgrId, msg: &CdcRepr) -> Route<C> {
         let Some(s) = self.map.get_mut(&msg.token) else {
             return Route::Dropped(DropReason::UnknownToken);
         };
@@ -156,9 +156,9 @@ mod tests {
     use super::*;
     use crate::conn::{ConnStateFlags, Cursor, ProducerFlags};
 
-    fn cdc(token: u32, seq: u16) -> CdcMsg {
-        CdcMsg {
-            seq,
+    fn cdc(token: u32, seq: u16) -> CdcRepr {
+        CdcRepr {
+            seqno: seq,
             token,
             prod: Cursor { wrap: 0, count: 0 },
             cons: Cursor { wrap: 0, count: 0 },
@@ -218,8 +218,8 @@ mod tests {
         );
         let early = t.attach(tok, "conn");
         assert_eq!(early.len(), MAX_EARLY_CDCS);
-        assert_eq!(early[0].seq, 1);
-        assert_eq!(early[1].seq, 2);
+        assert_eq!(early[0].seqno, 1);
+        assert_eq!(early[1].seqno, 2);
         assert_eq!(t.route(LgrId(7), &cdc(tok, 3)), Route::Conn("conn"));
         assert_eq!(t.get(tok, LgrId(7)), Some(&"conn"));
         assert_eq!(t.get(tok, LgrId(8)), None);

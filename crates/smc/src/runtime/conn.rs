@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use super::link::{wr_cdc, LinkRes, TX_SLOTS};
 use super::{Inbox, Inner};
 use crate::clc::LgrId;
-use crate::conn::{CdcMsg, Conn, Events};
+use crate::conn::{CdcRepr, Conn, Events};
 
 /// Mutable state of a connection, under [`ConnShared::state`].
 pub(crate) struct ConnState {
@@ -140,7 +140,7 @@ impl ConnShared {
                 self.peer_rkey,
                 &self.sndbuf_mr,
                 &cdc,
-                wr_cdc(self.token, t.cdc.seq, n as u8 + 1),
+                wr_cdc(self.token, t.cdc.seqno, n as u8 + 1),
                 TX_SLOTS,
             );
             match res {
@@ -149,7 +149,7 @@ impl ConnShared {
                 }
                 Err(e) => {
                     warn!(token = self.token, error = %e, "posting a CDC failed");
-                    st.conn.on_cdc_send_failed(t.cdc.seq);
+                    st.conn.on_cdc_send_failed(t.cdc.seqno);
                     if let Some(s) = self.stack.upgrade() {
                         s.post(Inbox::LinkError {
                             lgr: self.lgr,
@@ -211,7 +211,7 @@ impl ConnShared {
     }
 
     /// A received CDC (completion thread).
-    pub(crate) fn on_cdc(&self, msg: &CdcMsg, now: Instant) {
+    pub(crate) fn on_cdc(&self, msg: &CdcRepr, now: Instant) {
         let mut st = self.lock();
         let before = st.conn.rx_consumed() + st.conn.rx_unread();
         let rmb = &self.rmb;

@@ -513,7 +513,7 @@ impl Inner {
     /// it came on a link of that connection's link group; kept while the connection's
     /// rendezvous still runs here (`endpoint::tokens`).
     pub(crate) fn on_cdc(&self, link: &link::LinkRes, bytes: &[u8; 44], now: Instant) {
-        let Some(msg) = crate::conn::CdcMsg::from_bytes(bytes) else {
+        let Ok(msg) = crate::conn::CdcRepr::parse_bytes(bytes) else {
             return;
         };
         let conn = match self.conn_by_token(msg.token, link.lgr) {

@@ -12,7 +12,7 @@ fn sim() -> Sim {
 
 /// Fail the link with everything posted by `from` lost on the wire and failed, then
 /// move both sides; returns the F message `from` sent.
-fn fail_all_lost(sim: &mut Sim, from: Side) -> CdcMsg {
+fn fail_all_lost(sim: &mut Sim, from: Side) -> CdcRepr {
     let mut lost = Vec::new();
     while let Some(seq) = sim.drop_in_flight(from) {
         lost.push(seq);
@@ -27,7 +27,7 @@ fn fail_all_lost(sim: &mut Sim, from: Side) -> CdcMsg {
 }
 
 /// Hand the F message to the peer (it travels first on the new link).
-fn validate(sim: &mut Sim, to: Side, f: &CdcMsg) -> CdcOutcome {
+fn validate(sim: &mut Sim, to: Side, f: &CdcRepr) -> CdcOutcome {
     let now = sim.now;
     let h = sim.host_mut(to);
     let r = h.conn.handle_cdc(f, now, |_| 0);
@@ -46,9 +46,9 @@ fn tc_fo_02_04_validation_ok_and_numbering() {
     let ss = sim.a.conn.snapshot().ss;
     assert_eq!(ss, 1);
     let f = sim.a.conn.prepare_failover().unwrap();
-    assert_eq!(f.seq, ss);
+    assert_eq!(f.seqno, ss);
     assert!(f.is_failover_validation());
-    assert_eq!(f.prod_flags, ProducerFlags::FAILOVER);
+    assert_eq!(f.prod_flags, ProducerFlags::FAILOVER_VALIDATION);
     assert_eq!(
         validate(&mut sim, Side::B, &f),
         CdcOutcome::FailoverValidated
@@ -58,7 +58,7 @@ fn tc_fo_02_04_validation_ok_and_numbering() {
     sim.take_trace();
     sim.post(Side::A);
     let t = sim.take_trace();
-    assert_eq!(t[0].cdc.seq, 2, "F consumed no seqno");
+    assert_eq!(t[0].cdc.seqno, 2, "F consumed no seqno");
     assert_eq!(t[0].writes[0].len, 10, "nothing to replay");
     sim.flush();
     sim.read(Side::B, 2000);
@@ -77,7 +77,7 @@ fn tc_fo_03_validation_sr_lt_reset() {
     let seq = sim.drop_in_flight(Side::A).unwrap();
     sim.a.conn.on_cdc_sent(seq); // "acknowledged" but not placed
     let f = sim.a.conn.prepare_failover().unwrap();
-    assert_eq!(f.seq, 2);
+    assert_eq!(f.seqno, 2);
     assert_eq!(sim.b.conn.snapshot().sr, 1);
     let r = validate(&mut sim, Side::B, &f);
     assert_eq!(r, CdcOutcome::Aborted(AbortReason::FailoverDataLoss));
@@ -92,15 +92,15 @@ fn tc_fo_05_replay_as_is() {
     let g = RmbeGeometry::rfc(10_000).unwrap();
     let mut c = Conn::new(ConnParams::new(g, g, 4096, 1, 2), ConnConfig::default()).unwrap();
     let now = Instant::now();
-    let m1 = CdcMsg {
-        seq: 1,
+    let m1 = CdcRepr {
+        seqno: 1,
         token: 1,
         prod: Cursor::new(0, 504),
         cons: Cursor::new(0, 4),
-        ..CdcMsg::default()
+        ..CdcRepr::default()
     };
-    let m2 = CdcMsg {
-        seq: 2,
+    let m2 = CdcRepr {
+        seqno: 2,
         prod: Cursor::new(0, 904),
         ..m1
     };
@@ -108,9 +108,9 @@ fn tc_fo_05_replay_as_is() {
         c.handle_cdc(&m, now, |_| 0);
     }
     assert_eq!(c.rx_available().total(), 900);
-    let f = CdcMsg {
-        seq: 2,
-        prod_flags: ProducerFlags::FAILOVER,
+    let f = CdcRepr {
+        seqno: 2,
+        prod_flags: ProducerFlags::FAILOVER_VALIDATION,
         ..m1
     };
     assert_eq!(c.handle_cdc(&f, now, |_| 0), CdcOutcome::FailoverValidated);
@@ -131,7 +131,7 @@ fn tc_fo_06_07_replay_combined_before_new_data() {
     sim.write(Side::A, 200, false);
     sim.post(Side::A); // seq 3
     let f = fail_all_lost(&mut sim, Side::A);
-    assert_eq!(f.seq, 1);
+    assert_eq!(f.seqno, 1);
     assert_eq!(
         validate(&mut sim, Side::B, &f),
         CdcOutcome::FailoverValidated
@@ -141,7 +141,7 @@ fn tc_fo_06_07_replay_combined_before_new_data() {
     sim.post(Side::A);
     let t = sim.take_trace();
     assert_eq!(t.len(), 1);
-    assert_eq!(t[0].cdc.seq, 4, "above every failed seqno");
+    assert_eq!(t[0].cdc.seqno, 4, "above every failed seqno");
     assert_eq!(
         t[0].writes[0].dst_off,
         4 + 1000,
@@ -197,7 +197,7 @@ fn tc_fo_14_failover_with_urgent_pending() {
     let t = sim.take_trace();
     assert_eq!(
         t[0].cdc.prod_flags,
-        ProducerFlags::URGENT_PENDING | ProducerFlags::URGENT_PRESENT
+        ProducerFlags::URG_PENDING | ProducerFlags::URG_PRESENT
     );
     sim.flush();
     assert!(sim.b.conn.urgent_pending());
@@ -220,7 +220,7 @@ fn tc_fo_15_failover_with_close_pending() {
     sim.post(Side::A);
     let t = sim.take_trace();
     assert_eq!(t.len(), 1);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::CLOSED);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_CLOSED);
     sim.flush();
     assert_eq!(sim.b.conn.state(), State::AppCloseWait1);
     sim.b.conn.close(now);

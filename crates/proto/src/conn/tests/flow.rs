@@ -14,9 +14,9 @@ fn lone(cfg: ConnConfig) -> Conn {
     Conn::new(ConnParams::new(g, g, 32 * 1024, LOCAL, PEER), cfg).unwrap()
 }
 
-fn cdc(seq: u16, prod: (u16, u32), cons: (u16, u32), pf: ProducerFlags) -> CdcMsg {
-    CdcMsg {
-        seq,
+fn cdc(seq: u16, prod: (u16, u32), cons: (u16, u32), pf: ProducerFlags) -> CdcRepr {
+    CdcRepr {
+        seqno: seq,
         token: LOCAL,
         prod: Cursor::new(prod.0, prod.1),
         cons: Cursor::new(cons.0, cons.1),
@@ -51,7 +51,7 @@ fn tc_cdc_02_seq_start_and_wrap() {
         sim.post(Side::A);
         let t = sim.take_trace();
         assert_eq!(t.len(), 1, "one CDC per small write (i = {i})");
-        assert_eq!(t[0].cdc.seq, expect);
+        assert_eq!(t[0].cdc.seqno, expect);
         expect = expect.wrapping_add(1);
         sim.deliver(Side::A);
         assert_eq!(sim.process(Side::B), Some(CdcOutcome::Accepted));
@@ -116,7 +116,7 @@ fn tc_cdc_06_producer_overrun() {
     assert!(ev.contains(Events::TCP_RESET | Events::ERROR));
     // The abort indicator goes out (§4.8.2 1A), nothing else.
     let t = c.poll_transmit(now).unwrap();
-    assert_eq!(t.cdc.conn_flags, ConnStateFlags::ABORT);
+    assert_eq!(t.cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
     assert!(t.writes().is_empty());
     assert!(c.poll_transmit(now).is_none());
     // Unread data was purged.
@@ -311,13 +311,13 @@ fn tc_flow_09_rbit_immediate_update() {
     );
     let t = c.poll_transmit(now).unwrap();
     assert_eq!(t.cdc.cons, Cursor::new(0, 104));
-    c.on_cdc_sent(t.cdc.seq);
+    c.on_cdc_sent(t.cdc.seqno);
     // Every further consumption is reported while R stays set.
     for k in 1..=3u32 {
         c.rx_consume(1).unwrap();
         let t = c.poll_transmit(now).expect("update on consumption");
         assert_eq!(t.cdc.cons, Cursor::new(0, 104 + k));
-        c.on_cdc_sent(t.cdc.seq);
+        c.on_cdc_sent(t.cdc.seqno);
     }
     // R cleared: back to the window rule.
     c.handle_cdc(&cdc(3, (0, 1004), (0, 4), pf_none()), now, no_byte);
@@ -387,7 +387,7 @@ fn tc_flow_12_coalescing_timer_and_nodelay() {
         "corked behind the in-flight CDC"
     );
     // The completion is the flush timer: data is always eventually sent (SS-2).
-    c.on_cdc_sent(first.cdc.seq);
+    c.on_cdc_sent(first.cdc.seqno);
     assert!(c.take_events().contains(Events::TRANSMIT));
     let t = c.poll_transmit(now).expect("flushed");
     assert_eq!(t.data_len(), 20, "coalesced into one write");

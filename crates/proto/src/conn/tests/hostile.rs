@@ -79,8 +79,8 @@ proptest! {
                     let pc = match p { Ok(k) => { prod += u64::from(k); g.cursor_at(prod) } Err((w, o)) => Cursor::new(w, o) };
                     let cc = match q { Ok(k) => { cons += u64::from(k); g.cursor_at(cons) } Err((w, o)) => Cursor::new(w, o) };
                     let mut pf = ProducerFlags::from_bits_retain(pf);
-                    if failover { pf |= ProducerFlags::FAILOVER; } else { pf -= ProducerFlags::FAILOVER; }
-                    let m = CdcMsg { seq, token: 7, prod: pc, cons: cc, prod_flags: pf, conn_flags: ConnStateFlags::from_bits_retain(cf) };
+                    if failover { pf |= ProducerFlags::FAILOVER_VALIDATION; } else { pf -= ProducerFlags::FAILOVER_VALIDATION; }
+                    let m = CdcRepr { seqno: seq, token: 7, prod: pc, cons: cc, prod_flags: pf, conn_flags: ConnStateFlags::from_bits_retain(cf) };
                     let _ = c.handle_cdc(&m, now, |off| { assert!(off < g.elem_len()); 0 });
                 }
                 Op::Write(n, u) => {
@@ -100,7 +100,7 @@ proptest! {
                             prop_assert!(w.dst_off >= g.data_off() && w.dst_off + w.len <= g.elem_len());
                             prop_assert!(w.src_off + w.len <= 1500);
                         }
-                        posted.push(t.cdc.seq);
+                        posted.push(t.cdc.seqno);
                     }
                 }
                 Op::Complete => { if !posted.is_empty() { c.on_cdc_sent(posted.remove(0)); } }

@@ -95,7 +95,7 @@ pub(super) fn check(item: &TraceItem, e: Expect) {
         .collect();
     assert_eq!(item.from, e.from, "sender of {item:?}");
     assert_eq!(writes, e.writes, "writes of {item:?}");
-    assert_eq!(item.cdc.seq, e.seq, "seq of {item:?}");
+    assert_eq!(item.cdc.seqno, e.seq, "seq of {item:?}");
     assert_eq!(item.cdc.prod, e.prod, "producer cursor of {item:?}");
     assert_eq!(item.cdc.cons, e.cons, "consumer cursor of {item:?}");
     assert_eq!(item.cdc.prod_flags, e.pf, "producer flags of {item:?}");

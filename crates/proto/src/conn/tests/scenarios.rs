@@ -233,7 +233,7 @@ fn tc_urg_01_scenario5_trace() {
                 seq: 1,
                 prod: v.cursor(1, 1500),
                 cons: v.cursor(1, 1000),
-                pf: ProducerFlags::URGENT_PENDING | ProducerFlags::URGENT_PRESENT,
+                pf: ProducerFlags::URG_PENDING | ProducerFlags::URG_PRESENT,
                 cf: cf_none(),
             },
         );
@@ -308,7 +308,7 @@ fn tc_urg_02_scenario6_trace() {
                 seq: 2,
                 prod: v.cursor(2, 1000),
                 cons: v.cursor(1, 1000),
-                pf: ProducerFlags::URGENT_PENDING | ProducerFlags::WRITE_BLOCKED,
+                pf: ProducerFlags::URG_PENDING | ProducerFlags::WRITE_BLOCKED,
                 cf: cf_none(),
             },
         );
@@ -343,7 +343,7 @@ fn tc_urg_02_scenario6_trace() {
                 seq: 3,
                 prod: v.cursor(2, 1500),
                 cons: v.cursor(1, 1000),
-                pf: ProducerFlags::URGENT_PENDING | ProducerFlags::URGENT_PRESENT,
+                pf: ProducerFlags::URG_PENDING | ProducerFlags::URG_PRESENT,
                 cf: cf_none(),
             },
         );

@@ -51,7 +51,7 @@ fn tc_term_01_active_close_full() {
     assert_eq!(state(&sim, Side::A), State::Active, "C not posted yet");
     let t = exchange(&mut sim, Side::A);
     assert_eq!(t.len(), 1);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::CLOSED);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_CLOSED);
     assert!(t[0].writes.is_empty());
     assert_eq!(state(&sim, Side::A), State::PeerCloseWait1);
     assert!(sim.a.events.contains(Events::TCP_SHUTDOWN));
@@ -63,7 +63,7 @@ fn tc_term_01_active_close_full() {
     assert_eq!(sim.b.conn.tx_space(), Err(ConnError::PeerClosed));
     close(&mut sim, Side::B);
     let t = exchange(&mut sim, Side::B);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::CLOSED);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_CLOSED);
     assert_eq!(
         state(&sim, Side::B),
         State::Closed,
@@ -85,7 +85,7 @@ fn tc_term_02_shutdown_wr_path() {
     let mut sim = sim();
     shutdown(&mut sim, Side::A);
     let t = exchange(&mut sim, Side::A);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::DONE_WRITING);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_DONE_WRITING);
     assert_eq!(state(&sim, Side::A), State::PeerCloseWait1);
     assert_eq!(state(&sim, Side::B), State::AppCloseWait1);
     assert!(sim.b.conn.rx_eof());
@@ -98,7 +98,7 @@ fn tc_term_02_shutdown_wr_path() {
     let t = exchange(&mut sim, Side::A);
     assert_eq!(
         t[0].cdc.conn_flags,
-        ConnStateFlags::DONE_WRITING | ConnStateFlags::CLOSED,
+        ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED,
         "D stays set, as Linux sends 0xC0"
     );
     assert_eq!(state(&sim, Side::A), State::Closed);
@@ -163,12 +163,12 @@ fn tc_term_04_close_with_unread_data_aborts() {
         Some(ConnError::Aborted(AbortReason::UnreadDataOnClose))
     );
     let t = exchange(&mut sim, Side::B);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::ABORT);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
     assert_eq!(state(&sim, Side::A), State::ProcessAbort);
     let e = sim.a.conn.error().unwrap();
     assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionReset);
     let t = exchange(&mut sim, Side::A);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::ABORT);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
     assert_eq!(
         state(&sim, Side::A),
         State::Closed,
@@ -198,7 +198,7 @@ fn tc_term_05_pending_close() {
     while sim.complete(Side::A) {}
     let t = send_and_receive(&mut sim, Side::A);
     assert_eq!(t.len(), 1);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::CLOSED);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_CLOSED);
     assert_eq!(state(&sim, Side::A), State::PeerCloseWait1);
     sim.read(Side::B, 20_000);
     assert_eq!(sim.b.inband, sim.a.stream(15_000));
@@ -224,7 +224,7 @@ fn tc_term_06_passive_c_with_pending_tx() {
     sim.take_trace();
     let t = exchange(&mut sim, Side::B);
     assert_eq!(t.len(), 1, "A only, the data is dropped");
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::ABORT);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
     assert!(t[0].writes.is_empty());
     // A already sent C: nothing more from A, CLOSED at once.
     assert_eq!(state(&sim, Side::A), State::Closed);
@@ -386,7 +386,7 @@ fn tc_abrt_01_active_abort() {
     sim.post(Side::B);
     sim.take_trace();
     let t = send_and_receive(&mut sim, Side::A);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::ABORT);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
     sim.deliver(Side::B);
     sim.process(Side::A);
     assert_eq!(sim.a.outcomes.last(), Some(&CdcOutcome::Ignored));
@@ -423,7 +423,7 @@ fn tc_abrt_02_passive_abort() {
     let t = send_and_receive(&mut sim, Side::A);
     assert_eq!(t.len(), 1);
     assert!(t[0].writes.is_empty(), "unsent data purged");
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::ABORT);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
     assert!(sim.complete(Side::A));
     assert_eq!(state(&sim, Side::A), State::Closed);
 }
@@ -441,7 +441,7 @@ fn tc_abrt_03_tcp_rst_triggers_abort() {
     );
     assert_eq!(state(&sim, Side::A), State::PeerAbortWait);
     let t = send_and_receive(&mut sim, Side::A);
-    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::ABORT);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
     sim.flush();
     assert_eq!(state(&sim, Side::A), State::Closed);
     assert_eq!(state(&sim, Side::B), State::Closed);
@@ -572,7 +572,7 @@ fn half_close_with_continued_receiving() {
     for t in sim.take_trace() {
         assert_eq!(
             t.cdc.conn_flags,
-            ConnStateFlags::DONE_WRITING | ConnStateFlags::CLOSED
+            ConnStateFlags::PEER_DONE_WRITING | ConnStateFlags::PEER_CONN_CLOSED
         );
     }
     assert_eq!(state(&sim, s), State::Closed);

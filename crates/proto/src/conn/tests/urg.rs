@@ -15,9 +15,9 @@ fn lone(cfg: ConnConfig) -> Conn {
 
 /// A CDC from the peer that only moves its consumer cursor to `cons` bytes (RFC
 /// layout, wrap 0).
-fn cons_update(seq: u16, cons: u32) -> CdcMsg {
-    CdcMsg {
-        seq,
+fn cons_update(seq: u16, cons: u32) -> CdcRepr {
+    CdcRepr {
+        seqno: seq,
         token: LOCAL,
         prod: Cursor::new(0, 4),
         cons: Cursor::new(0, 4 + cons),
@@ -49,7 +49,7 @@ fn tc_urg_03_writer_holds_after_urgent() {
         c.tx_commit(100, true).unwrap();
         let t = c.poll_transmit(now).unwrap();
         assert_eq!(t.data_len(), 100);
-        assert!(t.cdc.prod_flags.contains(ProducerFlags::URGENT_PRESENT));
+        assert!(t.cdc.prod_flags.contains(ProducerFlags::URG_PRESENT));
         assert!(c.tx_urgent_outstanding());
         c.tx_commit(50, false).unwrap();
         assert!(c.poll_transmit(now).is_none());
@@ -75,21 +75,21 @@ fn tc_urg_04_receiver_oob_notification() {
     let mut c = lone(ConnConfig::default());
     let now = Instant::now();
     let mut m = cons_update(1, 0);
-    m.prod_flags = ProducerFlags::URGENT_PENDING | ProducerFlags::WRITE_BLOCKED;
+    m.prod_flags = ProducerFlags::URG_PENDING | ProducerFlags::WRITE_BLOCKED;
     c.handle_cdc(&m, now, |_| 0);
     assert!(c.take_events().contains(Events::URGENT));
     assert!(c.urgent_pending());
     assert_eq!(c.read_oob(), Err(OobError::WouldBlock));
     // Repeated P does not notify again.
     let mut m2 = m;
-    m2.seq = 2;
+    m2.seqno = 2;
     c.handle_cdc(&m2, now, |_| 0);
     assert!(!c.take_events().contains(Events::URGENT));
     // The byte arrives: last byte before the producer cursor.
-    let m3 = CdcMsg {
-        seq: 3,
+    let m3 = CdcRepr {
+        seqno: 3,
         prod: Cursor::new(0, 4 + 10),
-        prod_flags: ProducerFlags::URGENT_PENDING | ProducerFlags::URGENT_PRESENT,
+        prod_flags: ProducerFlags::URG_PENDING | ProducerFlags::URG_PRESENT,
         ..m
     };
     c.handle_cdc(&m3, now, |off| if off == 4 + 9 { b'!' } else { b'.' });
@@ -171,15 +171,15 @@ fn linux_receiver_leaving_cursor_on_urgent_byte_does_not_deadlock() {
         let now = Instant::now();
         c.tx_commit(1000, false).unwrap();
         let t = c.poll_transmit(now).unwrap();
-        c.on_cdc_sent(t.cdc.seq);
+        c.on_cdc_sent(t.cdc.seqno);
         c.tx_commit(1, true).unwrap();
         let t = c.poll_transmit(now).unwrap();
         assert_eq!(t.cdc.prod, Cursor::new(0, 1005));
         assert_eq!(
             t.cdc.prod_flags,
-            ProducerFlags::URGENT_PENDING | ProducerFlags::URGENT_PRESENT
+            ProducerFlags::URG_PENDING | ProducerFlags::URG_PRESENT
         );
-        c.on_cdc_sent(t.cdc.seq);
+        c.on_cdc_sent(t.cdc.seqno);
         c.tx_commit(2000, false).unwrap();
         assert!(c.poll_transmit(now).is_none(), "held");
         // Linux says nothing. After the stall interval we ask (R, no data, no P/U).
@@ -189,7 +189,7 @@ fn linux_receiver_leaving_cursor_on_urgent_byte_does_not_deadlock() {
         let t = c.poll_transmit(deadline).expect("probe");
         assert_eq!(t.cdc.prod_flags, ProducerFlags::CONS_UPDATE_REQ);
         assert!(t.writes().is_empty());
-        c.on_cdc_sent(t.cdc.seq);
+        c.on_cdc_sent(t.cdc.seqno);
         // Linux answers with its cursor on the urgent byte (offset 1000 + 4).
         c.handle_cdc(&cons_update(1, 1000), deadline, |_| 0);
         match c.poll_transmit(deadline) {
@@ -248,7 +248,7 @@ fn newer_urgent_byte_supersedes_unsent_one() {
     let u: Vec<_> = sim
         .trace
         .iter()
-        .filter(|t| t.cdc.prod_flags.contains(ProducerFlags::URGENT_PRESENT))
+        .filter(|t| t.cdc.prod_flags.contains(ProducerFlags::URG_PRESENT))
         .collect();
     assert_eq!(u.len(), 1);
     assert_eq!(u[0].cdc.prod, v.geom.cursor_at(10_016));

@@ -12,7 +12,7 @@ use smc_wire::common::{Gid, Mac, PeerId, QpMtu, U24};
 use super::fabric::{node_of_qpn, Post, Wr};
 use super::{eligible, World, DEVICE, MTU};
 use crate::clc::{LgrId, V2Route};
-use crate::conn::{CdcMsg, Conn, ConnConfig, ConnError, Events, State};
+use crate::conn::{CdcRepr, Conn, ConnConfig, ConnError, Events, State};
 use crate::endpoint::tokens::{Route, TokenTable};
 use crate::endpoint::{
     ConnAction, DeviceInfo, Endpoint, EndpointConfig, Host, HostError, Output, RendezvousOutcome,
@@ -421,7 +421,7 @@ impl Node {
             }
             Wr::Send { bytes, .. } => {
                 if bytes.first() == Some(&0xFE) {
-                    if let Some(msg) = CdcMsg::from_bytes(&bytes) {
+                    if let Ok(msg) = CdcRepr::parse_bytes(&bytes) {
                         match self.hs.tokens.route(lgr, &msg) {
                             Route::Conn(token) => self.on_cdc(now, token, &msg),
                             Route::Kept => early += 1,
@@ -604,7 +604,7 @@ impl Node {
         }
     }
 
-    fn on_cdc(&mut self, now: Instant, token: u32, msg: &CdcMsg) {
+    fn on_cdc(&mut self, now: Instant, token: u32, msg: &CdcRepr) {
         let Some(c) = self.hs.conns.get_mut(&token) else {
             return;
         };
@@ -623,7 +623,7 @@ impl Node {
         let qpn = self.hs.by_link.get(&(c.lgr, c.link)).copied();
         while let Some(t) = c.conn.poll_transmit(now) {
             let Some(qpn) = qpn else {
-                c.conn.on_cdc_send_failed(t.cdc.seq);
+                c.conn.on_cdc_send_failed(t.cdc.seqno);
                 continue;
             };
             for w in t.writes() {
@@ -640,7 +640,7 @@ impl Node {
             self.out.posts.push(Post {
                 qpn,
                 wr: Wr::Send {
-                    wr_id: (u64::from(token) << 16) | u64::from(t.cdc.seq),
+                    wr_id: (u64::from(token) << 16) | u64::from(t.cdc.seqno),
                     bytes: t.cdc.to_bytes().to_vec(),
                 },
             });
