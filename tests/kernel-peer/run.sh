@@ -53,6 +53,7 @@ done
 : "${ACCEL:=auto}" "${KPKG:=}" "${VM_MEM:=512}" "${VM_TIMEOUT:=900}" "${KERNEL_APPEND:=}"
 : "${CAPTURE:=1}" "${SNAPLEN:=0}" "${DECODE:=1}" "${NO_INSTALL:=0}"
 : "${PEER_CMD:=}" "${PEER_TIMEOUT:=600}" "${PEER_GRACE:=5}" "${PEER_MUST_EXIT:=0}"
+: "${PEER_VM:=0}" "${PEER_FILES:=}" "${HOST_CMD:=}"
 : "${PORT:=5000}" "${SCEN:=echo}" "${SIZES:=}" "${CONNS:=}" "${HOLD:=0}" "${IDLE:=0}"
 : "${BUFSIZE:=}" "${UEID:=SMC-RS-KPEER}" "${SERVER_UEID:=}" "${CLIENT_UEID:=}" "${PEER_UEID:=}"
 : "${SYSCTLS=net.smc.smcr_testlink_time=5}" "${TEARDOWN:=none}" "${EXPECT:=}"
@@ -64,6 +65,7 @@ INFRA_ERRORS=""
 
 case "$MODE" in
 smc-pair | smc-server | smc-client | verbs-pair | verbs-server | verbs-client | prepare) ;;
+peer-host) PEER_VM=1 ;;
 *)
 	echo "run.sh: unknown mode '$MODE'; see --help" >&2
 	exit "$EXIT_USAGE"
@@ -133,7 +135,7 @@ check_value TEARDOWN "$TEARDOWN" 'none|rmmod'
 check_value EXPECT "$EXPECT" 'smcr|fallback|decline|peernosmc|any'
 check_value RDMA_DEV "$RDMA_DEV" 'rxe|siw'
 check_value SIW_MPA_REV "$SIW_MPA_REV" '[12]'
-for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT SIW_P2P SIW_CRC; do
+for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT SIW_P2P SIW_CRC PEER_VM; do
 	check_value "$v" "${!v}" '[01]'
 done
 for t in ${VERBS_TOOLS//,/ }; do
@@ -145,10 +147,18 @@ for t in ${VERBS_TOOLS//,/ }; do
 done
 case "$MODE" in smc-*) [ "$RDMA_DEV" = rxe ] || die "$EXIT_USAGE" "RDMA_DEV=siw is for the verbs modes" ;; esac
 case "$MODE" in
-smc-server | smc-client | verbs-server | verbs-client)
+smc-server | smc-client | verbs-server | verbs-client | peer-host)
 	[ -n "$PEER_CMD" ] || die "$EXIT_USAGE" "MODE=$MODE needs PEER_CMD (your side of the test)"
 	;;
 esac
+if [ "$PEER_VM" = 1 ]; then
+	case "$MODE" in
+	smc-server | smc-client | peer-host) ;;
+	*) die "$EXIT_USAGE" "PEER_VM=1 works with the modes smc-server, smc-client and peer-host" ;;
+	esac
+fi
+[ "$MODE" != peer-host ] || [ -n "$HOST_CMD" ] || die "$EXIT_USAGE" "MODE=peer-host needs HOST_CMD"
+[ "$MODE" = peer-host ] || [ -z "$HOST_CMD" ] || die "$EXIT_USAGE" "HOST_CMD is only for MODE=peer-host"
 
 # ------------------------------------------------------------------ setup
 [ "$(id -u)" = 0 ] || cannot_run "needs root (network namespaces, taps, apt)"
@@ -183,7 +193,7 @@ start_capture
 {
 	for v in MODE SCEN SIZES CONNS HOLD IDLE BUFSIZE EXPECT CHECK_TESTLINK CHECK_OPTION TEARDOWN PORT \
 		SERVER_UEID CLIENT_UEID PEER_UEID SYSCTLS VERBS_TOOLS VERBS_ITERS VERBS_SIZE \
-		CAPTURE DECODE PEER_MUST_EXIT DMESG_FAIL KPKG KDEBVER KVER RDMA_DEV SIW_P2P SIW_MPA_REV SIW_CRC; do
+		CAPTURE DECODE PEER_MUST_EXIT PEER_VM DMESG_FAIL KPKG KDEBVER KVER RDMA_DEV SIW_P2P SIW_MPA_REV SIW_CRC; do
 		printf '%s=%s\n' "$v" "${!v}"
 	done
 	printf 'ACCEL=%s\nSERVER_IP=%s\nCLIENT_IP=%s\nPEER_IP=%s\nHAS_PEER=%s\n' \
@@ -254,7 +264,7 @@ smc-server)
 		start_peer smc-client
 		# PEER_CMD is done when it exits or touches $KPEER_DONE_FILE
 		deadline=$(($(date +%s) + PEER_TIMEOUT))
-		while alive "$PEER_PID" && [ ! -e "$KPEER_DONE_FILE" ] && [ "$(date +%s)" -lt "$deadline" ]; do
+		while peer_alive && ! peer_done && [ "$(date +%s)" -lt "$deadline" ]; do
 			sleep 0.2
 		done
 		[ "$(date +%s)" -lt "$deadline" ] || infra "PEER_CMD did not finish in ${PEER_TIMEOUT}s"
@@ -272,9 +282,10 @@ smc-client)
 	start_peer smc-server
 	boot_vm client tap1 "$CLIENT_MAC"
 	wait_ok=1
-	deadline=$(($(date +%s) + 120))
+	# a PEER_CMD in a VM first boots it (up to ~35 s under TCG on a busy machine)
+	deadline=$(($(date +%s) + 120 + PEER_VM * 180))
 	until peer_listening "$PORT"; do
-		if ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; then
+		if ! peer_alive || [ "$(date +%s)" -ge "$deadline" ]; then
 			infra "PEER_CMD is not listening on $PEER_IP:$PORT"
 			wait_ok=0
 			break
@@ -291,6 +302,24 @@ smc-client)
 		vm_finish client
 	else
 		vm_abort client
+	fi
+	stop_peer "$PEER_GRACE"
+	;;
+
+peer-host)
+	# PEER_CMD in VM guest (10.44.0.3) and HOST_CMD in the namespace (10.44.0.4), at the
+	# same time; each side waits for the other by itself (e.g. a client retries).
+	export KPEER_ROLE=guest KPEER_PEER_IP=$HOST_IP KPEER_HOST_IP=$HOST_IP KPEER_GUEST_IP=$PEER_IP
+	start_peer guest
+	if ready_or_fail guest; then
+		timing vm_ready_s "$(elapsed "$T_VM")"
+		start_host
+		deadline=$(($(date +%s) + PEER_TIMEOUT))
+		while { peer_alive || alive "$HOST_PID"; } && [ "$(date +%s)" -lt "$deadline" ]; do
+			sleep 0.2
+		done
+		[ "$(date +%s)" -lt "$deadline" ] || infra "PEER_CMD/HOST_CMD did not finish in ${PEER_TIMEOUT}s"
+		stop_host "$PEER_GRACE"
 	fi
 	stop_peer "$PEER_GRACE"
 	;;

@@ -409,6 +409,35 @@ impl Listener {
         let (s, peer) = self.l.accept()?;
         Incoming::read(s, peer, self.timeout)
     }
+
+    /// [`Listener::accept`], giving up with [`std::io::ErrorKind::TimedOut`] when no TCP
+    /// connection arrives within `wait` (a ULP that expects one more connection from a peer
+    /// it already talks to, e.g. perftest's data connection, must not wait for ever).
+    pub fn accept_within(&self, wait: Duration) -> Result<Incoming, CmError> {
+        let deadline = std::time::Instant::now() + wait;
+        self.l.set_nonblocking(true)?;
+        let r = loop {
+            match self.l.accept() {
+                Ok(x) => break Ok(x),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() >= deadline {
+                        break Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no connection arrived in time",
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        self.l.set_nonblocking(false)?;
+        let (s, peer) = r?;
+        // Linux does not pass O_NONBLOCK to accepted sockets; say so anyway, the MPA
+        // exchange relies on blocking reads with a timeout.
+        s.set_nonblocking(false)?;
+        Incoming::read(s, peer, self.timeout)
+    }
 }
 
 impl Incoming {

@@ -4,6 +4,10 @@
 use proptest::prelude::*;
 use smc_iwarp::wire::ddp::{DdpRepr, Opcode, Placement, ReadRequest, TerminateRepr};
 use smc_iwarp::wire::mpa::{emit_fpdu, EnhancedData, Fpdu, FrameKind, MpaFrame, MpaRepr, RtrSet};
+use smc_iwarp::wire::sctp::{
+    DdpSctpPayload, FunctionCode, SessionControl, SessionControlRepr,
+    PPID_DDP_STREAM_SESSION_CONTROL,
+};
 
 fn rtr() -> impl Strategy<Value = RtrSet> {
     (any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(send, write, read)| RtrSet {
@@ -97,5 +101,54 @@ proptest! {
             let n = t.emit(&mut out).unwrap();
             prop_assert_eq!(TerminateRepr::parse(&out[..n]).unwrap(), t);
         }
+    }
+
+    #[test]
+    fn sctp_session_control_round_trip(
+        code in 1u16..=7, enh in enhanced(),
+        pd in proptest::collection::vec(any::<u8>(), 0..520),
+    ) {
+        let function = FunctionCode::from_u16(code).unwrap();
+        let enhanced = function.carries_enhanced_data().then_some(enh);
+        let ulp_data: &[u8] = if function == FunctionCode::Terminate { &[] } else { &pd };
+        let r = SessionControlRepr { function, enhanced, ulp_data };
+        let mut buf = vec![0u8; r.buffer_len()];
+        match r.emit(&mut buf) {
+            Ok(n) => {
+                // RFC 6581 §7: at most 512 bytes of private data, enhanced data included
+                prop_assert!(n - 4 <= 512);
+                prop_assert_eq!(SessionControlRepr::parse_bytes(&buf).unwrap(), r);
+                prop_assert_eq!(
+                    DdpSctpPayload::parse(PPID_DDP_STREAM_SESSION_CONTROL, &buf).unwrap(),
+                    DdpSctpPayload::Control(r)
+                );
+            }
+            Err(_) => prop_assert!(r.buffer_len() - 4 > 512),
+        }
+    }
+
+    #[test]
+    fn sctp_session_control_parse_never_panics(
+        code in 0u16..10, pdl in 0u16..530, rest in proptest::collection::vec(any::<u8>(), 0..600),
+        raw in any::<bool>(),
+    ) {
+        // Mostly plausible headers (a code near the defined ones, a PD_Length near 512),
+        // sometimes raw bytes.
+        let mut b = Vec::new();
+        if !raw {
+            b.extend_from_slice(&code.to_be_bytes());
+            b.extend_from_slice(&pdl.to_be_bytes());
+        }
+        b.extend_from_slice(&rest);
+        if let Ok(m) = SessionControl::new_checked(&b[..]) {
+            if let Ok(r) = SessionControlRepr::parse(&m) {
+                // what parses re-emits the same bytes (the enhanced word's B/C/D aside when A = 0)
+                let mut out = vec![0u8; r.buffer_len()];
+                let n = r.emit(&mut out).unwrap();
+                prop_assert_eq!(n, m.total_len());
+                prop_assert_eq!(SessionControlRepr::parse_bytes(&out).unwrap(), r);
+            }
+        }
+        let _ = DdpSctpPayload::parse(PPID_DDP_STREAM_SESSION_CONTROL, &b);
     }
 }

@@ -934,3 +934,28 @@ fn tc_mpa_21_local_catastrophic_term5() {
     assert_eq!(term[3] & 0x0f, 7, "Terminate");
     assert_eq!(&term[20..22], &[0x20, 0x05], "Layer 2 / EType 0 / code 5");
 }
+
+#[test]
+fn accept_within_times_out_then_still_accepts() {
+    let l = smc_iwarp::cm::Listener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = addr_of(&l);
+    let t0 = Instant::now();
+    match l.accept_within(Duration::from_millis(150)) {
+        Err(CmError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::TimedOut),
+        Err(e) => panic!("expected a timeout, got {e}"),
+        Ok(_) => panic!("nothing connected, yet accept_within returned a connection"),
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(150));
+    // The listener is still usable (and blocking again) after a timeout.
+    let s = ep(1 << 16);
+    let c = ep(1 << 16);
+    let sqp = s.qp.clone();
+    let t = std::thread::spawn(move || {
+        l.accept_within(Duration::from_secs(10))
+            .unwrap()
+            .accept(&sqp, &ConnParams::default())
+    });
+    let conn = smc_iwarp::cm::connect(&c.qp, addr, &ConnParams::default()).unwrap();
+    let sconn = t.join().unwrap().unwrap();
+    assert_eq!(conn.local, sconn.peer);
+}

@@ -18,6 +18,8 @@
 //! ([`Mr::addr`]), chosen by the provider and unrelated to where the buffer
 //! lies in the process.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod error;
 pub mod mem;
 pub mod provider;

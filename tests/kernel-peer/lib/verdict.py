@@ -400,6 +400,8 @@ def main(argv):
     out = argv[1]
     cfg = read_config(out)
     vms = [Vm(out, n) for n in ("server", "client") if os.path.exists(os.path.join(out, n, "kpeer.conf"))]
+    # PEER_VM=1: VM "guest" runs PEER_CMD (its steps are in steps.tsv like any PEER_CMD's)
+    guest = Vm(out, "guest") if os.path.exists(os.path.join(out, "guest", "kpeer.conf")) else None
     steps = peer_steps(out)
     v = Verdict()
     v.info("mode %s, kernel %s %s, accelerator %s" % (cfg.get("MODE"), cfg.get("KPKG"), cfg.get("KDEBVER"),
@@ -407,10 +409,15 @@ def main(argv):
     infra = cfg.get("INFRA_ERRORS", "").split()
     for e in infra:
         v.check(False, "harness: " + e)
-    for vm in vms:
+    for vm in vms + ([guest] if guest else []):
         vm_basics(v, vm)
         scan_dmesg(v, vm, cfg.get("DMESG_FAIL", ""))
-    if cfg["MODE"].startswith("smc-"):
+    if cfg["MODE"] == "peer-host":
+        check_peer(v, cfg, steps, ["guest", "host"])
+        c = check_capture(v, cfg, out, [])
+        if c is not None:
+            v.check(c["icrc"]["ok"] > 0, "RoCEv2 traffic between the guest and the host")
+    elif cfg["MODE"].startswith("smc-"):
         smc_checks(v, cfg, out, vms, steps)
     else:
         verbs_checks(v, cfg, out, vms, steps)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# PEER_CMD of tests/system/iwarp-siw.sh: our iWARP tools against Linux siw in the
-# kernel-peer VM, in the role the harness gives ($KPEER_ROLE) for $KPEER_TOOL.
+# PEER_CMD of tests/system/iwarp-siw.sh: our iWARP tools (rping, and perftest's rdma_cm
+# mode: send_bw_cm, write_bw_cm, read_bw_cm) against Linux siw in the kernel-peer VM, in
+# the role the harness gives ($KPEER_ROLE) for $KPEER_TOOL.
 # IWARP_ARGS: extra MPA options (--p2p --rtr ... --crc --mpa-rev 1 ...); IWARP_ARGS_<N>
 # overrides them for the harness's step N ($KPEER_STEP_INDEX: a tool listed N-th in
 # VERBS_TOOLS), so that one VM run can try several MPA configurations.
@@ -33,6 +34,23 @@ rping)
 		# shellcheck disable=SC2086
 		exec "$BIN/smc" rdma rping --provider iwarp -s -a "$KPEER_LOCAL_IP" \
 			-p "$KPEER_PORT" -C "$KPEER_ITERS" -S "$KPEER_SIZE" -V --timeout 60 ${IWARP_ARGS:-}
+	fi
+	;;
+send_bw_cm | write_bw_cm | read_bw_cm)
+	# perftest's ib_<verb>_bw -R; our side dumps the data as it saw it, for the capture
+	# check (tests/system/helpers/perftest_cm_check.py).
+	verb=${KPEER_TOOL%_bw_cm}
+	dump="$KPEER_LOGDIR/${KPEER_TOOL}-${KPEER_STEP_INDEX:-0}-$KPEER_ROLE.bin"
+	if [ "$KPEER_ROLE" = client ]; then
+		# shellcheck disable=SC2086
+		exec "$BIN/smc" rdma perftest --provider iwarp --verb "$verb" -p "$KPEER_PORT" \
+			-n "$KPEER_ITERS" -s "$KPEER_SIZE" --local "$KPEER_LOCAL_IP" --dump "$dump" \
+			--timeout 60 ${IWARP_ARGS:-} "$KPEER_PEER_IP"
+	else
+		# shellcheck disable=SC2086
+		exec "$BIN/smc" rdma perftest --provider iwarp --verb "$verb" -p "$KPEER_PORT" \
+			-n "$KPEER_ITERS" -s "$KPEER_SIZE" --bind "$KPEER_LOCAL_IP" --dump "$dump" \
+			--timeout 60 ${IWARP_ARGS:-}
 	fi
 	;;
 *)

@@ -51,12 +51,13 @@ pub struct MpaArgs {
     /// Ask for (and require) CRC32c on every FPDU.
     #[arg(long)]
     pub crc: bool,
-    /// IRD offered (inbound RDMA Reads); rping's rdma_cm uses 1.
-    #[arg(long, default_value_t = 1)]
-    pub ird: u16,
-    /// ORD wanted (outbound RDMA Reads); rping's rdma_cm uses 1.
-    #[arg(long, default_value_t = 1)]
-    pub ord: u16,
+    /// IRD offered (inbound RDMA Reads). Default: what the peer tool's rdma_cm asks for
+    /// (rping: 1; perftest: 128 for read, 0 otherwise).
+    #[arg(long)]
+    pub ird: Option<u16>,
+    /// ORD wanted (outbound RDMA Reads). Default as for --ird.
+    #[arg(long)]
+    pub ord: Option<u16>,
     /// Client: milliseconds between the MPA Reply and the first FPDU. Linux siw 6.12
     /// misses an FPDU that arrives while it is still handing the socket to its QP (see
     /// `smc_iwarp::cm::ConnParams::first_fpdu_delay`); 0 for RFC 5044 behaviour.
@@ -65,8 +66,13 @@ pub struct MpaArgs {
 }
 
 impl MpaArgs {
-    /// The connection parameters these options describe.
-    pub fn params(&self, timeout: Duration) -> Result<smc_iwarp::cm::ConnParams, RdmaError> {
+    /// The connection parameters these options describe; `ird_ord` is the tool's IRD/ORD
+    /// when `--ird`/`--ord` are not given.
+    pub fn params(
+        &self,
+        timeout: Duration,
+        ird_ord: (u16, u16),
+    ) -> Result<smc_iwarp::cm::ConnParams, RdmaError> {
         let rtr = smc_iwarp::wire::mpa::RtrSet::parse(&self.rtr)
             .ok_or_else(|| RdmaError::Usage(format!("--rtr {}: use send,write,read", self.rtr)))?;
         Ok(smc_iwarp::cm::ConnParams {
@@ -75,8 +81,8 @@ impl MpaArgs {
             p2p: self.p2p,
             rtr,
             read: smc_iwarp::negotiate::ReadParams {
-                ird: self.ird,
-                ord: self.ord,
+                ird: self.ird.unwrap_or(ird_ord.0),
+                ord: self.ord.unwrap_or(ird_ord.1),
                 ..Default::default()
             },
             crc: self.crc,
@@ -264,7 +270,7 @@ impl Ep {
     }
 }
 
-fn wait(
+pub(super) fn wait(
     cq: &Cq,
     qp: &smc_verbs::Qp,
     deadline: Instant,
@@ -292,7 +298,7 @@ fn wait(
     }
 }
 
-fn describe(c: &smc_iwarp::cm::Connection) -> String {
+pub(super) fn describe(c: &smc_iwarp::cm::Connection) -> String {
     format!(
         "MPA rev {}{} crc={} ird={} ord={} peer_ird_ord={} p2p={} rtr={} rtr_options={}",
         c.rev,
@@ -319,7 +325,8 @@ pub fn run(a: &Args) -> Result<(), RdmaError> {
         ));
     }
     let timeout = Duration::from_secs(a.timeout);
-    let params = a.mpa.params(timeout)?;
+    // rping's rdma_cm asks for responder resources 1 and initiator depth 1.
+    let params = a.mpa.params(timeout, (1, 1))?;
     let addr: SocketAddr = (a.addr.as_str(), a.port)
         .to_socket_addrs()?
         .next()

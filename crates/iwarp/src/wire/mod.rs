@@ -5,9 +5,11 @@
 //! |---|---|---|
 //! | [`mpa`] | MPA Request/Reply frames, the RFC 6581 enhanced data word, FPDU framing + CRC32c | RFC 5044 §7, §4; RFC 6581 §6, §9 |
 //! | [`ddp`] | DDP tagged/untagged headers with the RDMAP control byte, Read Request, Terminate | RFC 5041 §4; RFC 5040 §4 |
+//! | [`sctp`] | DDP over SCTP: PPIDs, DDP Stream Session Control messages with the enhanced function codes | RFC 5043 §5; RFC 6581 §7 |
 
 pub mod ddp;
 pub mod mpa;
+pub mod sctp;
 
 /// Why bytes did not parse (or a value could not be emitted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -87,6 +87,8 @@ mod negotiate;
 mod reader;
 mod rendezvous;
 mod server;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod ueid;
 
 #[cfg(test)]

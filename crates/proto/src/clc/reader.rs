@@ -15,7 +15,7 @@ use smc_wire::Error as WireError;
 
 /// Progress of one [`ClcReader::push`].
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Read {
+pub enum Read {
     /// Everything given was consumed; the message is not complete.
     More,
     /// The header just became complete and is well-formed: this is its type.
@@ -28,7 +28,7 @@ pub(crate) enum Read {
 
 /// Accumulates one CLC message at a time.
 #[derive(Debug, Default)]
-pub(crate) struct ClcReader {
+pub struct ClcReader {
     buf: Vec<u8>,
     total: Option<usize>,
 }

@@ -145,10 +145,13 @@ impl Conn {
         }
         self.cl.want |= ConnStateFlags::PEER_CONN_CLOSED;
         self.events |= Events::TRANSMIT;
-        // After an earlier shutdown(SHUT_WR) we wait for the peer already; from now on
-        // with the termination timer (see `set_state`).
+        // §4.8.1 "prevent being stranded in a termination state indefinitely": C waits
+        // until our data is written (pending close, 3A), which a peer that never reads
+        // would make last forever, and the application has let go of the socket. The
+        // peer gets the termination timer's time, then the connection is aborted
+        // (fuzz finding, `conn_cdc`: closed, window shut, peer silent → never CLOSED).
         if self.cl.deadline.is_none() {
-            self.cl.deadline = self.close_deadline(self.state, now);
+            self.cl.deadline = Some(now + self.cfg.close_timeout);
         }
         debug!(token = self.local_token, state = %self.state, "close requested");
     }
@@ -304,8 +307,19 @@ impl Conn {
     }
 
     /// §4.8.1: "prevent being stranded in a termination state indefinitely".
-    pub(super) fn close_timer_expired(&mut self, _now: Instant) {
+    pub(super) fn close_timer_expired(&mut self, now: Instant) {
         match self.state {
+            State::Active
+            | State::AppCloseWait1
+            | State::AppCloseWait2
+            | State::AppFinCloseWait
+                if self.cl.app_closed =>
+            {
+                // The pending close could not write its data in time: abort (A and a
+                // TCP reset) rather than end with a C that hides the loss.
+                debug!(token = self.local_token, state = %self.state, "pending close timed out");
+                self.abort_with(AbortReason::CloseTimeout, now, true);
+            }
             State::PeerCloseWait1 | State::PeerCloseWait2 | State::PeerFinCloseWait => {
                 // TCP reset; no more RDMA writes (we already said we are done).
                 debug!(token = self.local_token, state = %self.state, "termination timer expired");
@@ -347,6 +361,10 @@ impl Conn {
                 Some(now + self.cfg.close_timeout)
             }
             State::PeerAbortWait | State::ProcessAbort => Some(now + self.cfg.abort_timeout),
+            // A pending close keeps its timer across the peer's D or C (see `close`).
+            _ if self.cl.app_closed && !self.cl.sent.contains(ConnStateFlags::PEER_CONN_CLOSED) => {
+                self.cl.deadline.or(Some(now + self.cfg.close_timeout))
+            }
             _ => None,
         }
     }

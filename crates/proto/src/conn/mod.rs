@@ -77,7 +77,8 @@
 //!   after all data has been written and every earlier CDC has completed (§4.8.1 3A
 //!   "pending close"); nothing is sent after C or A (TRM-2); close with unread data
 //!   aborts (3A); a C from the peer while we still have unsent data aborts (4A); every
-//!   state that waits for the peer has a timer (AMB-44); after C was sent an abort is a
+//!   state that waits for the peer has a timer (AMB-44), the pending close too: data
+//!   still unsent when it expires aborts the connection; after C was sent an abort is a
 //!   plain TCP RST.
 //! * **Failover** (§4.6; B.23): SS is the seqno of the last CDC whose send completed, SR
 //!   the last CDC accepted. [`Conn::prepare_failover`] returns the F message (seq = SS,

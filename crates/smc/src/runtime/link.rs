@@ -486,8 +486,18 @@ impl LinkRes {
     fn on_recv(self: &Arc<Self>, stack: &Arc<Inner>, wc: &WorkCompletion) {
         let slot = (wc.wr_id & 0xFFFF_FFFF) as u32;
         if wc.status != WcStatus::Success {
-            if wc.status != WcStatus::WrFlushErr && !self.dead.load(Ordering::SeqCst) {
-                warn!(lgr = ?self.lgr, link = %self.id, status = ?wc.status, "receive failed");
+            // `destroy` marks the link dead before it moves the QP to ERR, so a flushed
+            // receive on a live link means the QP went to ERR beneath us: after an error
+            // of its own (whose completion comes too), or moved there by the provider on a
+            // port or device error (an IBA asynchronous event; smc-ibverbs does that). On an
+            // idle link nothing else would tell, as Linux's smcr_port_err() takes the
+            // port's links down at once.
+            if !self.dead.load(Ordering::SeqCst) {
+                if wc.status == WcStatus::WrFlushErr {
+                    debug!(lgr = ?self.lgr, link = %self.id, "receive flushed: the QP is in error");
+                } else {
+                    warn!(lgr = ?self.lgr, link = %self.id, status = ?wc.status, "receive failed");
+                }
                 stack.post(Inbox::LinkError {
                     lgr: self.lgr,
                     link: self.id,

@@ -43,7 +43,7 @@ use self::sys::EventFd;
 /// Configuration of a [`Stack`].
 #[derive(Clone)]
 pub struct StackConfig {
-    /// The RDMA provider (default: the software RoCEv2 RNIC, `SoftRoce::global()`).
+    /// The RDMA provider (`from_env`: chosen by `smc_providers::from_env`).
     pub provider: Arc<dyn Provider>,
     /// Size of the RMB element of each connection (rounded up to the compressed
     /// notation of RFC 7609 A.2.3: 16 KiB × 2^n).
@@ -142,14 +142,16 @@ impl StackConfig {
         }
     }
 
-    /// The process default: the software RNIC, UEIDs from `SMC_RS_UEID` /
+    /// The process default: the provider `SMC_RS_PROVIDER` selects (`smc_providers`:
+    /// auto, the default, uses a libibverbs device where one serves the address and the
+    /// software RNIC elsewhere), UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
-        let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
+        let mut c = StackConfig::with_provider(smc_providers::from_env());
         match crate::ueid_file::from_env_or_file() {
             Ok(t) => c.ueids = t,
             Err(e) => warn!(error = %e, "UEIDs ignored"),

@@ -295,6 +295,54 @@ fn tc_term_08_peerclosewait_timeout() {
     assert_eq!(state(&sim, Side::B), State::Closed);
 }
 
+/// Fuzz finding (`conn_cdc`): a pending close whose peer never opens its window again
+/// used to wait forever (state ACTIVE, no timer). After the termination timer the
+/// connection aborts: A, TCP reset, error `CloseTimeout`, then CLOSED.
+#[test]
+fn pending_close_gives_up_when_the_peer_never_reads() {
+    let mut sim = sim();
+    sim.write(Side::A, 15_000, false); // more than B's RMBE holds
+    close(&mut sim, Side::A);
+    exchange(&mut sim, Side::A);
+    assert_eq!(state(&sim, Side::A), State::Active, "C waits for the data");
+    let deadline = sim.now + Duration::from_secs(60);
+    assert!(sim.a.conn.poll_timeout().is_some_and(|t| t <= deadline));
+    // B's application never reads. The stall probe (R) is answered; nothing moves.
+    sim.advance(Duration::from_secs(30));
+    sim.flush();
+    assert_eq!(state(&sim, Side::A), State::Active);
+    clear_events(&mut sim);
+    sim.advance(Duration::from_secs(30));
+    assert_eq!(
+        sim.a.conn.error(),
+        Some(ConnError::Aborted(AbortReason::CloseTimeout))
+    );
+    assert!(sim.a.events.contains(Events::TCP_RESET));
+    assert_eq!(state(&sim, Side::A), State::PeerAbortWait);
+    let t = exchange(&mut sim, Side::A);
+    assert_eq!(
+        t.last().unwrap().cdc.conn_flags,
+        ConnStateFlags::PEER_CONN_ABORT
+    );
+    // The peer learns of it (A), answers, and both end CLOSED.
+    sim.flush();
+    assert_eq!(state(&sim, Side::A), State::Closed);
+    assert_eq!(
+        sim.b.conn.error(),
+        Some(ConnError::Aborted(AbortReason::PeerAbort))
+    );
+    // A peer that reads in time is not affected: the data and C go out (TC-TERM-05).
+    let mut sim = super::term::sim();
+    sim.write(Side::A, 15_000, false);
+    close(&mut sim, Side::A);
+    exchange(&mut sim, Side::A);
+    sim.advance(Duration::from_secs(59));
+    settle(&mut sim);
+    assert_eq!(sim.b.inband, sim.a.stream(15_000));
+    assert!(sim.a.conn.error().is_none());
+    assert_ne!(state(&sim, Side::A), State::Active);
+}
+
 /// TC-TERM-09 recv_returns_zero: data sent before D is read first, then EOF.
 #[test]
 fn tc_term_09_recv_returns_zero() {
