@@ -43,14 +43,18 @@
 pub mod config;
 mod cq;
 mod device;
+mod engine;
 mod fault;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod harness;
 pub mod icrc;
 mod mr;
+mod net;
 mod qp;
-#[cfg(test)]
-mod qp_tests;
+mod rx;
+mod thread;
+mod tx;
+mod verbs;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -58,7 +62,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use config::{Config, FaultConfig};
-pub use device::{stats, Stats};
+pub use device::Stats;
+pub use verbs::stats;
 
 /// The software RoCEv2 RNIC provider (implements [`smc_verbs::Provider`]).
 pub struct SoftRoce {
@@ -102,7 +107,7 @@ impl smc_verbs::Provider for SoftRoce {
         if let Some(d) = m.get(&local) {
             return Ok(d.clone());
         }
-        let d = device::open(local, &self.config)?;
+        let d = verbs::open(local, &self.config)?;
         m.insert(local, d.clone());
         Ok(d)
     }
@@ -120,5 +125,5 @@ impl smc_verbs::Provider for SoftRoce {
 /// Convenience: one device bound to `local` with `config` (not shared with
 /// any provider instance).
 pub fn open_device(local: IpAddr, config: &Config) -> smc_verbs::Result<smc_verbs::Device> {
-    device::open(local, config)
+    verbs::open(local, config)
 }
