@@ -9,10 +9,23 @@
 //! * [`wire`]: packet formats (BTH, RETH, AETH, ImmDt, AtomicETH,
 //!   AtomicAckETH), typed views and `Repr`s; parsing never panics.
 //! * [`icrc`]: the invariant CRC over the masked IP/UDP/BTH headers.
-//! * `qp`: the RC requester and responder (segmentation, PSNs, ACK/NAK,
-//!   retransmission, RNR, RDMA READ, atomics, completions).
-//! * `device`: the UDP socket and the per-device progress engine thread.
+//! * `qp`: RC queue pairs, after Linux rxe: `qp::req` (requester:
+//!   segmentation, PSNs, retransmission), `qp::comp` (completer: ACK/NAK,
+//!   READ and atomic responses into completions), `qp::resp` (responder:
+//!   execution in PSN order, duplicates), `qp::reply` (responses owed, in
+//!   PSN order) and `qp::wqe` (posting and scatter/gather copies).
+//! * `verbs`: the user-visible handles (device, PD, MR, CQ, QP).
+//! * `engine`: the QPN table, the receive path and the per-device progress
+//!   engine thread; `device`: the state QPs and CQs share (attributes,
+//!   socket, MR table, counters, the engine's doorbell).
+//! * `tx`, `rx`, `net`: batched sendmmsg/recvmmsg with UDP GSO/GRO, the
+//!   ICRC check on receive, sockets and netdev facts.
+//! * `cq`, `mr`, `thread`: completion queues, memory regions and keys, which
+//!   thread may run completion handlers.
 //! * `fault`: a seeded loss/reorder/duplicate injector on the send path.
+//!
+//! Modules only use the ones listed after them (`verbs` → `engine` → `qp`
+//! → `tx`/`rx` → `device` → `cq`/`mr`/`thread`): no import cycles.
 //!
 //! Configuration comes from [`Config`] (or the environment for
 //! [`SoftRoce::global`], see [`config`]): `SMC_RS_SOFTROCE_FAULTS`,
