@@ -5,7 +5,6 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -49,8 +48,7 @@ impl Drop for DevShared {
     fn drop(&mut self) {
         if let Some(l) = &self.listener {
             // Wakes the accept thread, which then finds the device gone and exits.
-            // SAFETY: shutdown(2) on a descriptor we own; no memory is involved.
-            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+            let _ = socket2::SockRef::from(l).shutdown(std::net::Shutdown::Both);
         }
     }
 }

@@ -86,19 +86,9 @@ impl MrTable {
     }
 }
 
-/// A random 32-bit value.
+/// A random 32-bit value (STag key bytes, first QPN).
 pub(crate) fn random_u32() -> u32 {
-    let mut v = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into `v`.
-    let n = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 4, 0) };
-    if n == 4 {
-        u32::from_ne_bytes(v)
-    } else {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0x5eed)
-    }
+    rand::random()
 }
 
 /// Protection domain.

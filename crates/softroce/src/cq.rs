@@ -2,10 +2,10 @@
 //! notification (arm once, fire on the next completion: eventfd + handler).
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, Weak};
 
-use smc_verbs::{CompletionHandler, WcStatus, WorkCompletion};
+use smc_verbs::{CompletionHandler, EventFd, WcStatus, WorkCompletion};
 
 use crate::thread::runs_handlers;
 
@@ -26,7 +26,7 @@ struct CqInner {
 /// Shared state of a CQ (held by the QPs that complete into it).
 pub(crate) struct CqShared {
     inner: Mutex<CqInner>,
-    efd: OwnedFd,
+    efd: EventFd,
     handler: Mutex<Option<CompletionHandler>>,
     cap: usize,
     dev: Weak<dyn HandlerRunner>,
@@ -34,20 +34,13 @@ pub(crate) struct CqShared {
 
 impl CqShared {
     pub(crate) fn new(cap: usize, dev: Weak<dyn HandlerRunner>) -> std::io::Result<Arc<CqShared>> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is
-        // checked before it is wrapped.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(Arc::new(CqShared {
             inner: Mutex::new(CqInner {
                 q: VecDeque::with_capacity(cap),
                 armed: None,
                 overflow: false,
             }),
-            // SAFETY: `fd` is a fresh descriptor we own.
-            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            efd: EventFd::new()?,
             handler: Mutex::new(None),
             cap,
             dev,
@@ -85,15 +78,7 @@ impl CqShared {
     /// Like [`CqShared::fire`]; `direct` runs the handler on this thread
     /// (only ever on the engine thread).
     fn fire_with(self: &Arc<Self>, direct: bool) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-        unsafe {
-            libc::write(
-                self.efd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
+        self.efd.wake();
         if direct {
             self.run_handler();
         } else if self.has_handler() {
@@ -174,22 +159,13 @@ impl CqShared {
     }
 
     /// The event fd, readable once the CQ fired.
-    pub(crate) fn event_fd(&self) -> RawFd {
-        self.efd.as_raw_fd()
+    pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
+        self.efd.as_fd()
     }
 
     /// Clears the event fd.
     pub(crate) fn ack_events(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a valid u64 from our non-blocking
-        // eventfd; EAGAIN (nothing to clear) is fine.
-        unsafe {
-            libc::read(
-                self.efd.as_raw_fd(),
-                &mut v as *mut u64 as *mut libc::c_void,
-                8,
-            )
-        };
+        self.efd.drain();
     }
 
     /// Sets or clears the completion handler.

@@ -4,12 +4,11 @@
 //! itself (QPN table, receive path, the thread) sits above, in
 //! [`crate::engine`]; nothing here knows QPs, so the QPs can hold it.
 
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use smc_verbs::DeviceAttr;
+use smc_verbs::{DeviceAttr, EventFd};
 use socket2::Socket;
 
 use crate::config::Config;
@@ -62,7 +61,7 @@ pub(crate) struct DevShared {
     pub(crate) epoch: Instant,
     /// When the engine will next wake by itself (ns since epoch).
     pub(crate) engine_wake_ns: AtomicU64,
-    pub(crate) wake_fd: OwnedFd,
+    pub(crate) wake_fd: EventFd,
     /// CQs whose handlers the engine must run (see [`HandlerRunner`]).
     pub(crate) deferred: Mutex<Vec<Arc<CqShared>>>,
     pub(crate) stats: Stats,
@@ -75,15 +74,7 @@ impl DevShared {
 
     /// Wakes the engine thread.
     pub(crate) fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-        unsafe {
-            libc::write(
-                self.wake_fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
+        self.wake_fd.wake();
     }
 
     /// Wakes the engine if a new timer deadline (or work) needs it before

@@ -7,22 +7,22 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use smc_verbs::{DeviceAttr, Gid, Result, VerbsError};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use smc_verbs::{DeviceAttr, EventFd, Gid, Result, VerbsError};
 
 use crate::config::Config;
 use crate::cq::CqShared;
 use crate::device::{DevShared, Stats};
 use crate::mr::MrTable;
-use crate::net::{active_mtu_for, derived_mac, netdev_for, setsockopt_int, udp_socket};
+use crate::net::{active_mtu_for, derived_mac, netdev_for, udp_socket};
 use crate::qp::QpShared;
-use crate::rx::{icrc_ok, recv_batch, sockaddr_ip, RxBatch, UDP_GRO};
+use crate::rx::{enable_gro, icrc_ok, recv_batch, sockaddr_ip, RxBatch};
 use crate::thread::{become_engine, on_engine_thread};
-use crate::tx::{BATCH, SLOT, SOL_UDP, TX};
+use crate::tx::{BATCH, SLOT, TX};
 use crate::wire::PacketRepr;
 
 /// Longest the engine sleeps when nothing is scheduled.
@@ -183,7 +183,6 @@ impl Engine {
         let port = config.udp_port.unwrap_or(4791);
         let peer_port = config.peer_port.unwrap_or(4791);
         let sock = udp_socket(local)?;
-        let fd = sock.as_raw_fd();
         sock.bind(&SocketAddr::new(local, port).into())?;
         // The port actually bound (port 0 asks the kernel for one): the ICRC
         // of received packets covers it.
@@ -196,7 +195,7 @@ impl Engine {
             local.is_ipv4() && std::env::var(crate::config::ENV_GSO).is_ok_and(|v| v.trim() == "1");
         if gso {
             // Receive GSO trains whole (no per-segment trip through the stack).
-            setsockopt_int(fd, SOL_UDP, UDP_GRO, 1);
+            enable_gro(&sock);
         }
         let (netdev, mtu, mac) = match netdev_for(local) {
             Some((n, m, mac)) => (Some(n), m, mac),
@@ -206,11 +205,7 @@ impl Engine {
         if let Some(cap) = config.max_mtu {
             active_mtu = active_mtu.min(cap);
         }
-        // SAFETY: eventfd has no preconditions; checked below.
-        let wfd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if wfd < 0 {
-            return Err(std::io::Error::last_os_error().into());
-        }
+        let wake_fd = EventFd::new()?;
         let idx = DEV_INDEX.fetch_add(1, Ordering::Relaxed);
         let attr = DeviceAttr {
             name: format!("sroce{idx}"),
@@ -239,8 +234,7 @@ impl Engine {
             gso,
             epoch: Instant::now(),
             engine_wake_ns: AtomicU64::new(0),
-            // SAFETY: `wfd` is a fresh descriptor we own.
-            wake_fd: unsafe { OwnedFd::from_raw_fd(wfd) },
+            wake_fd,
             deferred: Mutex::new(Vec::with_capacity(64)),
             stats: Stats::default(),
         });
@@ -345,47 +339,31 @@ fn engine_main(eng: Arc<Engine>) {
             dev.engine_wake_ns
                 .store(now_ns + timeout_ns, Ordering::SeqCst);
         }
-        let ts = libc::timespec {
-            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+        let ts = Timespec {
+            tv_sec: (timeout_ns / 1_000_000_000) as i64,
+            tv_nsec: (timeout_ns % 1_000_000_000) as _,
         };
         let mut pfd = [
-            libc::pollfd {
-                fd: dev.sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: dev.wake_fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
+            PollFd::new(&dev.sock, PollFlags::IN),
+            PollFd::new(&dev.wake_fd, PollFlags::IN),
         ];
         // While drivers receive, the engine must not sleep on the socket
         // too (every packet would wake both): it watches only its eventfd.
-        let (pfds, nfds) = if delegated {
-            (pfd[1..].as_mut_ptr(), 1)
+        let fds = if delegated {
+            &mut pfd[1..]
         } else {
-            (pfd.as_mut_ptr(), 2)
+            &mut pfd[..]
         };
-        // SAFETY: `nfds` valid pollfds and a timespec for the duration of the call.
-        let r = unsafe { libc::ppoll(pfds, nfds, &ts, std::ptr::null()) };
+        // ppoll: microsecond timers need a nanosecond timeout.
+        let r = rustix::event::poll(fds, Some(&ts));
         dev.engine_wake_ns.store(0, Ordering::Release);
-        if r < 0 {
+        if r.is_err() {
             continue;
         }
-        if pfd[1].revents != 0 {
-            let mut v: u64 = 0;
-            // SAFETY: reading 8 bytes into a u64 from our eventfd.
-            unsafe {
-                libc::read(
-                    dev.wake_fd.as_raw_fd(),
-                    &mut v as *mut u64 as *mut libc::c_void,
-                    8,
-                )
-            };
+        if !pfd[1].revents().is_empty() {
+            dev.wake_fd.drain();
         }
-        if pfd[0].revents == 0 && !delegated {
+        if pfd[0].revents().is_empty() && !delegated {
             continue;
         }
         // Delegated: packets may have arrived while no driver was waiting.

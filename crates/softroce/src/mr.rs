@@ -229,19 +229,8 @@ fn random_iova(offset: usize) -> u64 {
     base | (offset as u64 & 0xfff)
 }
 
-/// A random 32-bit value (rkey bytes, initial index).
+/// A random 32-bit value (key bytes, I/O virtual addresses, first QPN):
+/// unpredictable to peers (a CSPRNG seeded by the OS).
 pub(crate) fn random_u32() -> u32 {
-    let mut v = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into `v`.
-    let n = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 4, 0) };
-    if n == 4 {
-        u32::from_ne_bytes(v)
-    } else {
-        // Fall back to the clock; unpredictability is a defence in depth,
-        // the PD check is the protection.
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0x5eed)
-    }
+    rand::random()
 }

@@ -3,76 +3,17 @@
 //! path MTU that fits it.
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 
-use smc_verbs::{Gid, Mac, Mtu};
+use rustix::net::sockopt::{self, Ipv4PathMtuDiscovery, Ipv6PathMtuDiscovery};
+use smc_verbs::{netdev, Gid, Mac, Mtu};
 use socket2::{Domain, Protocol, Socket, Type};
 
-/// The netdev carrying `ip`, with its MTU and MAC, from getifaddrs and
-/// sysfs.
+/// The netdev carrying `ip` (the one with that address; for loopback
+/// addresses, lo), with its MTU and MAC (see [`smc_verbs::netdev`]).
 pub(crate) fn netdev_for(ip: IpAddr) -> Option<(String, usize, Option<Mac>)> {
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `ifap` with a list we free below.
-    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut p = ifap;
-    while !p.is_null() {
-        // SAFETY: `p` is a node of the list returned by getifaddrs.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr is non-null and points at a sockaddr of the
-        // family it declares.
-        let fam = unsafe { (*ifa.ifa_addr).sa_family } as i32;
-        let addr = match fam {
-            libc::AF_INET => {
-                // SAFETY: family AF_INET means a sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes())
-            }
-            libc::AF_INET6 => {
-                // SAFETY: family AF_INET6 means a sockaddr_in6.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                IpAddr::from(sin6.sin6_addr.s6_addr)
-            }
-            _ => continue,
-        };
-        // Loopback: 127.0.0.1/8 covers every 127.x address we may bind.
-        let matches = addr == ip
-            || (ip.is_loopback() && addr.is_loopback() && addr.is_ipv4() == ip.is_ipv4());
-        if matches {
-            // SAFETY: ifa_name is a NUL-terminated string from the kernel.
-            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-                .to_string_lossy()
-                .into_owned();
-            found = Some(name);
-            if addr == ip {
-                break;
-            }
-        }
-    }
-    // SAFETY: freeing the list getifaddrs allocated.
-    unsafe { libc::freeifaddrs(ifap) };
-    let name = found?;
-    let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(1500);
-    let mac = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))
-        .ok()
-        .and_then(|s| {
-            let b: Vec<u8> = s
-                .trim()
-                .split(':')
-                .filter_map(|x| u8::from_str_radix(x, 16).ok())
-                .collect();
-            (b.len() == 6 && b.iter().any(|&x| x != 0))
-                .then(|| Mac([b[0], b[1], b[2], b[3], b[4], b[5]]))
-        });
+    let name = netdev::carrier_of(ip)?;
+    let mtu = netdev::mtu(&name).unwrap_or(1500);
+    let mac = netdev::mac(&name);
     Some((name, mtu, mac))
 }
 
@@ -81,19 +22,6 @@ pub(crate) fn netdev_for(ip: IpAddr) -> Option<(String, usize, Option<Mac>)> {
 pub(crate) fn derived_mac(ip: IpAddr) -> Mac {
     let g = Gid::from_ip(ip).0;
     Mac([0x02, 0x00, g[12], g[13], g[14], g[15]])
-}
-
-pub(crate) fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> bool {
-    // SAFETY: passing a valid pointer to an int of the stated size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            &v as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as u32,
-        ) == 0
-    }
 }
 
 /// A QP's own sending socket: UDP on `local`, an ephemeral source port
@@ -105,7 +33,8 @@ pub(crate) fn setsockopt_int(fd: i32, level: i32, name: i32, v: i32) -> bool {
 /// it (peers send to 4791), so its receive buffer is minimal.
 pub(crate) fn qp_socket(local: IpAddr) -> std::io::Result<(Socket, u16)> {
     let sock = udp_socket(local)?;
-    setsockopt_int(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, 0);
+    // The kernel raises 0 to its minimum receive buffer.
+    let _ = sockopt::set_socket_recv_buffer_size(&sock, 0);
     sock.bind(&SocketAddr::new(local, 0).into())?;
     let port = sock
         .local_addr()?
@@ -124,33 +53,22 @@ pub(crate) fn udp_socket(local: IpAddr) -> std::io::Result<Socket> {
         Domain::IPV6
     };
     let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
-    let fd = sock.as_raw_fd();
+    // IP_PMTUDISC_DO: DF on every packet, never fragmented locally (and
+    // IPv4 ID 0 on an unconnected socket, which the ICRC covers).
     if local.is_ipv4() {
-        setsockopt_int(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            libc::IP_PMTUDISC_DO,
-        );
+        let _ = sockopt::set_ip_mtu_discover(&sock, Ipv4PathMtuDiscovery::DO);
     } else {
         sock.set_only_v6(true)?;
-        setsockopt_int(
-            fd,
-            libc::IPPROTO_IPV6,
-            libc::IPV6_MTU_DISCOVER,
-            libc::IP_PMTUDISC_DO,
-        );
+        let _ = sockopt::set_ipv6_mtu_discover(&sock, Ipv6PathMtuDiscovery::DO);
     }
     // Large buffers absorb bursts of a full send window; FORCE works as
     // root, else fall back to the capped variant.
-    for (force, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-    ] {
-        let size = 8 << 20;
-        if !setsockopt_int(fd, libc::SOL_SOCKET, force, size) {
-            setsockopt_int(fd, libc::SOL_SOCKET, plain, size);
-        }
+    let size = 8 << 20;
+    if sockopt::set_socket_recv_buffer_size_force(&sock, size).is_err() {
+        let _ = sockopt::set_socket_recv_buffer_size(&sock, size);
+    }
+    if sockopt::set_socket_send_buffer_size_force(&sock, size).is_err() {
+        let _ = sockopt::set_socket_send_buffer_size(&sock, size);
     }
     Ok(sock)
 }

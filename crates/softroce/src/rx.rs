@@ -1,6 +1,10 @@
 //! The receive side of the UDP socket: one recvmmsg call per batch of up to
 //! [`BATCH`] datagrams (with UDP GRO, each may hold a train of packets),
 //! and the ICRC check every received packet must pass (CHECKLIST §C.2).
+//!
+//! recvmmsg with UDP_GRO control messages is called through libc: rustix
+//! has no recvmmsg, and quinn-udp (whose receive path does this) cannot be
+//! used for the socket (see [`crate::tx`]).
 
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -11,7 +15,25 @@ use crate::icrc::{self, IpInfo, IPV4_DF};
 use crate::tx::{BATCH, SLOT, SOL_UDP};
 
 /// UDP_GRO socket option and control message type (linux/udp.h).
-pub(crate) const UDP_GRO: i32 = 104;
+const UDP_GRO: i32 = 104;
+
+/// Has the kernel hand over GSO trains whole, with a UDP_GRO control
+/// message giving the segment size (no per-segment trip through the
+/// stack). Best effort: without it the packets arrive one by one.
+pub(crate) fn enable_gro(sock: &socket2::Socket) {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt reads an int of the size passed from a live local;
+    // `sock` is an open socket.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            SOL_UDP,
+            UDP_GRO,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
 
 /// Receive buffers of one batch (allocated once per device).
 pub(crate) struct RxBatch {

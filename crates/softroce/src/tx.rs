@@ -1,6 +1,21 @@
 //! The transmit side: a per-thread batch of packets built in place
 //! (headers, payload, ICRC, fault injection), sent with one sendmmsg call
 //! per socket, with UDP GSO for runs of equal-sized packets when enabled.
+//!
+//! sendmmsg (and recvmmsg in [`crate::rx`]) with UDP_SEGMENT/UDP_GRO
+//! control messages stay hand-written FFI; the crates that wrap them cannot
+//! express what this path does or would change the wire:
+//! - quinn-udp sends one `Transmit` per sendmsg call (no sendmmsg), so the
+//!   default path, 32 single packets per syscall, would cost 32 syscalls;
+//!   and its `UdpSocketState::new` sets IP_MTU_DISCOVER to
+//!   IP_PMTUDISC_PROBE, under which Linux puts a hashed, non-zero IPv4 ID
+//!   on DF packets, while the ICRC we (and rxe) compute covers the ID as 0
+//!   (verifiers.md fact 6): every packet would fail the peer's ICRC check.
+//! - nix's sendmmsg takes one control-message list for all messages of a
+//!   call; a batch here mixes GSO trains of different segment sizes with
+//!   single packets that carry no UDP_SEGMENT.
+//! - rustix's sendmmsg has no UDP_SEGMENT control message, and rustix has
+//!   no recvmmsg.
 
 use std::cell::RefCell;
 use std::os::fd::RawFd;

@@ -6,10 +6,13 @@
 
 use std::any::Any;
 use std::net::IpAddr;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags};
+use smc_verbs::event::{poll_timeout, wait_readable};
 use smc_verbs::{
     wait_on_event_fd, AccessFlags, CompletionHandler, CqOps, DeviceAttr, DeviceOps, InitAttr,
     MrOps, PdOps, QpCap, QpInitAttr, QpOps, QpState, RdmaBuffer, RecvWr, Result, RtrAttr, RtsAttr,
@@ -108,18 +111,7 @@ impl DeviceOps for SoftDevice {
             if now >= deadline {
                 break false;
             }
-            let rest = deadline - now;
-            let ts = libc::timespec {
-                tv_sec: rest.as_secs() as libc::time_t,
-                tv_nsec: rest.subsec_nanos() as libc::c_long,
-            };
-            let mut pfd = libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&eng.dev.sock),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd and a timespec, live for the call.
-            unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+            let _ = wait_readable(eng.dev.sock.as_fd(), Some(deadline - now));
         };
         set_driving(false);
         r
@@ -289,7 +281,7 @@ impl CqOps for SoftCq {
     fn req_notify(&self, solicited_only: bool) {
         self.shared.req_notify(solicited_only)
     }
-    fn event_fd(&self) -> std::os::fd::RawFd {
+    fn event_fd(&self) -> BorrowedFd<'_> {
         self.shared.event_fd()
     }
     fn ack_events(&self) {
@@ -325,7 +317,7 @@ impl CqOps for SoftCq {
                 self.shared.disarm();
                 return Ok(true);
             }
-            let ts = match deadline {
+            let rest = match deadline {
                 None => None,
                 Some(d) => {
                     let now = Instant::now();
@@ -333,44 +325,25 @@ impl CqOps for SoftCq {
                         self.shared.disarm();
                         return Ok(false);
                     }
-                    let rest = d - now;
-                    Some(libc::timespec {
-                        tv_sec: rest.as_secs() as libc::time_t,
-                        tv_nsec: rest.subsec_nanos() as libc::c_long,
-                    })
+                    Some(d - now)
                 }
             };
             let mut pfd = [
-                libc::pollfd {
-                    fd: std::os::fd::AsRawFd::as_raw_fd(&eng.dev.sock),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.shared.event_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
+                PollFd::new(&eng.dev.sock, PollFlags::IN),
+                PollFd::from_borrowed_fd(self.shared.event_fd(), PollFlags::IN),
             ];
-            let tsp = ts
-                .as_ref()
-                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-            // SAFETY: two valid pollfds and an optional timespec, all live
-            // for the duration of the call.
-            let rc = unsafe { libc::ppoll(pfd.as_mut_ptr(), 2, tsp, std::ptr::null()) };
-            if rc < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e.into());
-                }
+            match rustix::event::poll(&mut pfd, poll_timeout(rest).as_ref()) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(std::io::Error::from(e).into()),
             }
-            if pfd[1].revents != 0 {
+            let (sock_ready, event) = (!pfd[0].revents().is_empty(), !pfd[1].revents().is_empty());
+            if event {
                 self.ack_events();
             }
             // Completions we deliver ourselves need no event (that would
             // cost an eventfd write now and a spurious wake-up next time).
             self.shared.disarm();
-            if pfd[0].revents != 0 {
+            if sock_ready {
                 eng.drain_rx();
             }
         }

@@ -19,7 +19,9 @@
 //! lies in the process.
 
 pub mod error;
+pub mod event;
 pub mod mem;
+pub mod netdev;
 pub mod provider;
 pub mod qp;
 pub mod types;
@@ -27,6 +29,7 @@ pub mod wc;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
+pub use event::EventFd;
 pub use mem::RdmaBuffer;
 pub use provider::wait_on_event_fd;
 pub use provider::{

@@ -8,7 +8,7 @@
 
 use std::any::Any;
 use std::net::IpAddr;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -304,7 +304,7 @@ pub trait CqOps: Send + Sync {
     fn req_notify(&self, solicited_only: bool);
     /// A file descriptor (eventfd) that is readable after the CQ fired and
     /// until [`CqOps::ack_events`].
-    fn event_fd(&self) -> RawFd;
+    fn event_fd(&self) -> BorrowedFd<'_>;
     /// Clears the readable state of the event fd.
     fn ack_events(&self);
     /// Installs (or removes) the handler called when the CQ fires.
@@ -344,7 +344,7 @@ impl Cq {
         self.0.req_notify(solicited_only)
     }
     /// The event fd (readable after the CQ fired).
-    pub fn event_fd(&self) -> RawFd {
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
         self.0.event_fd()
     }
     /// Acknowledges fired events.
@@ -375,30 +375,17 @@ pub fn wait_on_event_fd(cq: &dyn CqOps, timeout: Option<Duration>) -> Result<boo
         if cq.pending() > 0 {
             return Ok(true);
         }
-        let wait_ms = match deadline {
-            None => -1,
+        let rest = match deadline {
+            None => None,
             Some(d) => {
                 let now = Instant::now();
                 if now >= d {
                     return Ok(false);
                 }
-                // Round up so a sub-millisecond rest does not spin.
-                (d - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+                Some(d - now)
             }
         };
-        let mut pfd = libc::pollfd {
-            fd: cq.event_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is a valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e.into());
-            }
-        }
+        crate::event::wait_readable(cq.event_fd(), rest)?;
         cq.ack_events();
     }
 }
