@@ -17,28 +17,30 @@
 //! and later work request completes with `WrFlushErr`.
 //!
 //! Modules, after Linux siw: [`tx`] is the transmit thread (siw_qp_tx.c),
-//! [`rx`] the receive thread (siw_qp_rx.c), [`verbs`] posting and state
-//! changes (siw_verbs.c); this module holds the QP's state and its
+//! [`rx`] the receive thread (siw_qp_rx.c), [`ops`] posting and state
+//! changes (siw_verbs.c's QP verbs); this module holds the QP's state and its
 //! completions and errors.
 
+mod ops;
 mod rx;
 mod tx;
-mod verbs;
 
-use std::collections::VecDeque;
+pub(crate) use tx::terminate_stream;
+
+use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use smc_verbs::{
-    AccessFlags, QpCap, QpInitAttr, QpOps, QpState, Result, Sge, VerbsError, WcOpcode, WcStatus,
+    AccessFlags, QpCap, QpInitAttr, QpState, Result, Sge, VerbsError, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
 use crate::cq::{CqShared, IwCq};
 use crate::device::DevShared;
-use crate::mr::{IwPd, MrEntry};
+use crate::mr::MrEntry;
 use crate::negotiate::Rtr;
 use crate::wire::ddp::term;
 use crate::wire::WireError;
@@ -175,6 +177,8 @@ pub(crate) struct QpShared {
     pub(crate) qpn: u32,
     pd: u32,
     pub(crate) dev: Arc<DevShared>,
+    /// The table the QP is registered in (until destroyed).
+    table: Arc<QpTable>,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
     cap: QpCap,
@@ -223,14 +227,48 @@ impl Drop for IwQp {
     }
 }
 
-pub(crate) fn create(pd: &IwPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
+/// A device's QPs by number (SMC-R link mode: the listener finds the QP an MPA Request
+/// names).
+#[derive(Default)]
+pub(crate) struct QpTable(Mutex<HashMap<u32, Weak<QpShared>>>);
+
+impl QpTable {
+    /// The live QP numbered `qpn`.
+    pub(crate) fn get(&self, qpn: u32) -> Option<Arc<QpShared>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .and_then(Weak::upgrade)
+    }
+    fn insert(&self, qp: &Arc<QpShared>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qp.qpn, Arc::downgrade(qp));
+    }
+    fn remove(&self, qpn: u32) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
+    }
+}
+
+/// Creates a QP of protection domain `pd` on `dev`, registered in `table`.
+pub(crate) fn create(
+    dev: &Arc<DevShared>,
+    table: &Arc<QpTable>,
+    pd: u32,
+    attr: &QpInitAttr,
+) -> Result<Arc<QpShared>> {
     let cq = |c: &smc_verbs::Cq| -> Result<Arc<CqShared>> {
         c.0.as_any()
             .downcast_ref::<IwCq>()
             .map(|c| c.shared.clone())
             .ok_or(VerbsError::WrongDevice)
     };
-    let a = &pd.dev.attr;
+    let a = &dev.attr;
     let cap = attr.cap;
     if cap.max_send_wr == 0
         || cap.max_send_wr > a.max_qp_wr
@@ -243,13 +281,14 @@ pub(crate) fn create(pd: &IwPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
             "QP capacities beyond the device limits",
         ));
     }
-    if pd.dev.stats.qps_open.load(Ordering::Relaxed) >= a.max_qp as u64 {
+    if dev.stats.qps_open.load(Ordering::Relaxed) >= a.max_qp as u64 {
         return Err(VerbsError::ResourceExhausted("queue pairs"));
     }
     let shared = Arc::new(QpShared {
-        qpn: pd.dev.alloc_qpn(),
-        pd: pd.id,
-        dev: pd.dev.clone(),
+        qpn: dev.alloc_qpn(),
+        pd,
+        dev: dev.clone(),
+        table: table.clone(),
         send_cq: cq(&attr.send_cq)?,
         recv_cq: cq(&attr.recv_cq)?,
         cap,
@@ -286,13 +325,9 @@ pub(crate) fn create(pd: &IwPd, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
         cv: Condvar::new(),
         sock: Mutex::new(None),
     });
-    pd.dev.stats.qps_open.fetch_add(1, Ordering::Relaxed);
-    pd.dev
-        .qps
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(shared.qpn, Arc::downgrade(&shared));
-    Ok(Arc::new(IwQp { shared }))
+    dev.stats.qps_open.fetch_add(1, Ordering::Relaxed);
+    table.insert(&shared);
+    Ok(shared)
 }
 
 fn wire_err(e: WireError) -> (u8, u8, u8) {
@@ -492,11 +527,7 @@ impl QpShared {
         self.shutdown(Shutdown::Both);
         self.deliver(out);
         self.dev.stats.qps_open.fetch_sub(1, Ordering::Relaxed);
-        self.dev
-            .qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.qpn);
+        self.table.remove(self.qpn);
     }
 
     /// The reason the QP is in ERR (for logs and tools).
@@ -525,8 +556,7 @@ impl QpShared {
                     // the QP while the MPA exchange was in flight).
                     drop(g);
                     let mut st = stream;
-                    let _ =
-                        crate::cm::send_terminate(&mut st, term::MPA_LOCAL_CATASTROPHIC, setup.crc);
+                    let _ = terminate_stream(&mut st, term::MPA_LOCAL_CATASTROPHIC, setup.crc);
                     return Err(VerbsError::InvalidState(s));
                 }
             }

@@ -3,10 +3,11 @@
 //! send-queue work requests, each built into FPDUs and written to the
 //! socket without the QP lock held.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use smc_verbs::{AccessFlags, QpState, Sge, WcStatus};
 
@@ -14,10 +15,10 @@ use super::{Fence, OutRead, Outbox, QpShared, ReadResp, SqKind, SqWqe, TermOut};
 use crate::mr::MrEntry;
 use crate::negotiate::Rtr;
 use crate::wire::ddp::{
-    qn, DdpRepr, Opcode, Placement, ReadRequest, TerminateRepr, READ_REQ_LEN, TAGGED_HDR_LEN,
+    qn, term, DdpRepr, Opcode, Placement, ReadRequest, TerminateRepr, READ_REQ_LEN, TAGGED_HDR_LEN,
     UNTAGGED_HDR_LEN,
 };
-use crate::wire::mpa::{fpdu_crc, fpdu_len, pad_len};
+use crate::wire::mpa::{emit_fpdu, fpdu_crc, fpdu_len, pad_len};
 
 impl QpShared {
     pub(super) fn tx_loop(self: Arc<Self>, mut w: TcpStream) {
@@ -484,4 +485,34 @@ impl FrameBuf {
     fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
+}
+
+/// Writes a Terminate FPDU (MSN 1 on queue 2) straight onto the socket: used when the
+/// negotiation fails right after the Reply, before the QP runs (RFC 6581 §8, §9.1, §9.2).
+pub(crate) fn terminate_stream(s: &mut TcpStream, code: u8, crc: bool) -> std::io::Result<()> {
+    let mut ulpdu = [0u8; 18 + 4];
+    let hdr = DdpRepr {
+        last: true,
+        opcode: Opcode::Terminate,
+        placement: Placement::Untagged {
+            inv_stag: 0,
+            qn: qn::TERMINATE,
+            msn: 1,
+            mo: 0,
+        },
+    };
+    hdr.emit(&mut ulpdu).map_err(std::io::Error::other)?;
+    TerminateRepr::new(term::LAYER_LLP, term::LLP_MPA, code)
+        .emit(&mut ulpdu[18..])
+        .map_err(std::io::Error::other)?;
+    let mut f = [0u8; 32];
+    let n = emit_fpdu(&mut f, &ulpdu, crc).map_err(std::io::Error::other)?;
+    s.write_all(&f[..n])?;
+    s.flush()?;
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    // Let the peer read it before the socket goes (a close with unread data would reset).
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut sink = [0u8; 512];
+    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    Ok(())
 }

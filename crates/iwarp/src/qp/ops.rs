@@ -1,26 +1,22 @@
-//! The verbs of a QP ([`QpOps`]): state changes and posting work requests.
-
-use std::any::Any;
+//! The verbs of a QP (called by [`crate::verbs`]'s `QpOps`): state changes and posting work
+//! requests.
 
 use smc_verbs::{
-    InitAttr, QpCap, QpOps, QpState, RecvWr, Result, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr,
-    VerbsError, WcOpcode, WcStatus,
+    InitAttr, QpCap, QpState, RecvWr, Result, RtsAttr, SendFlags, SendOp, SendWr, VerbsError,
+    WcOpcode, WcStatus,
 };
 
-use super::{Inflight, IwQp, Outbox, RqWqe, SqKind, SqWqe};
+use super::{Inflight, Outbox, QpShared, RqWqe, SqKind, SqWqe};
 
-impl QpOps for IwQp {
-    fn qpn(&self) -> u32 {
-        self.shared.qpn
+impl QpShared {
+    pub(crate) fn state(&self) -> QpState {
+        self.lock().state
     }
-    fn state(&self) -> QpState {
-        self.shared.lock().state
+    pub(crate) fn cap(&self) -> QpCap {
+        self.cap
     }
-    fn cap(&self) -> QpCap {
-        self.shared.cap
-    }
-    fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
-        let mut g = self.shared.lock();
+    pub(crate) fn modify_to_init(&self, attr: &InitAttr) -> Result<()> {
+        let mut g = self.lock();
         if !g.state.can_transition(QpState::Init) {
             return Err(VerbsError::InvalidTransition {
                 from: g.state,
@@ -31,30 +27,22 @@ impl QpOps for IwQp {
         g.access = attr.access;
         Ok(())
     }
-    fn modify_to_rtr(&self, attr: &RtrAttr) -> Result<()> {
-        if !self.shared.dev.config.smc_links {
-            return Err(VerbsError::InvalidArgument(
-                "iWARP QPs are connected by the connection manager (smc_iwarp::cm), not RTR attributes",
-            ));
-        }
-        crate::smclink::modify_to_rtr(&self.shared, attr)
-    }
-    fn modify_to_rts(&self, _attr: &RtsAttr) -> Result<()> {
-        // SMC-R link mode: modify_to_rtr connected the QP (it is in RTS already).
-        let st = self.shared.lock().state;
-        if self.shared.dev.config.smc_links && st == QpState::Rts {
+    /// RTS in SMC-R link mode: `modify_to_rtr` connected the QP (it is in RTS already).
+    pub(crate) fn modify_to_rts(&self, _attr: &RtsAttr) -> Result<()> {
+        let st = self.lock().state;
+        if self.dev.config.smc_links && st == QpState::Rts {
             return Ok(());
         }
         Err(VerbsError::InvalidArgument(
             "iWARP QPs are connected by the connection manager (smc_iwarp::cm), not RTS attributes",
         ))
     }
-    fn modify_to_err(&self) -> Result<()> {
-        self.shared.fail("moved to ERR by the application", None);
+    pub(crate) fn modify_to_err(&self) -> Result<()> {
+        self.fail("moved to ERR by the application", None);
         Ok(())
     }
-    fn modify_to_reset(&self) -> Result<()> {
-        let mut g = self.shared.lock();
+    pub(crate) fn modify_to_reset(&self) -> Result<()> {
+        let mut g = self.lock();
         if g.conn.is_some() && g.state != QpState::Err {
             return Err(VerbsError::InvalidTransition {
                 from: g.state,
@@ -72,8 +60,8 @@ impl QpOps for IwQp {
         g.rq.clear();
         Ok(())
     }
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let s = &self.shared;
+    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let s = self;
         let mut g = s.lock();
         if g.state != QpState::Rts && g.state != QpState::Err {
             return Err(VerbsError::InvalidState(g.state));
@@ -191,8 +179,8 @@ impl QpOps for IwQp {
         s.cv.notify_all();
         Ok(())
     }
-    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let s = &self.shared;
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let s = self;
         let mut out = Outbox::default();
         {
             let mut g = s.lock();
@@ -225,8 +213,5 @@ impl QpOps for IwQp {
         }
         s.deliver(out);
         Ok(())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
