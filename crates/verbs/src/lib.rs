@@ -34,9 +34,9 @@ pub use mem::RdmaBuffer;
 pub use provider::wait_on_event_fd;
 pub use provider::{
     CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,
-    Qp, QpOps,
+    Qp, QpInitAttr, QpOps,
 };
-pub use qp::{AddressHandle, InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+pub use qp::{AddressHandle, InitAttr, QpCap, QpState, RtrAttr, RtsAttr};
 pub use types::{psn_add, psn_diff, AccessFlags, Gid, Mac, Mtu, PSN_MASK, QPN_MASK};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::mem::RdmaBuffer;
-use crate::qp::{InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+use crate::qp::{InitAttr, QpCap, QpState, RtrAttr, RtsAttr};
 use crate::types::{AccessFlags, Gid, Mac, Mtu};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
@@ -388,6 +388,19 @@ pub fn wait_on_event_fd(cq: &dyn CqOps, timeout: Option<Duration>) -> Result<boo
         crate::event::wait_readable(cq.event_fd(), rest)?;
         cq.ack_events();
     }
+}
+
+/// Creation attributes of a reliable-connected QP.
+#[derive(Clone)]
+pub struct QpInitAttr {
+    /// CQ for send completions.
+    pub send_cq: Cq,
+    /// CQ for receive completions.
+    pub recv_cq: Cq,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Signal every send work request, regardless of `SIGNALED`.
+    pub sq_sig_all: bool,
 }
 
 /// Provider side of an RC queue pair.
