@@ -25,10 +25,8 @@ fn exit_child() {
     if std::env::var_os("SMC_TEST_CHILD_KILL").is_some() {
         // No atexit hook, no DELETE LINK: the kernel closes the TCP socket (FIN) and
         // the RNIC's UDP socket; nothing else tells the peer.
-        let _ = rustix::process::kill_process(
-            rustix::process::getpid(),
-            rustix::process::Signal::KILL,
-        );
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
     std::process::exit(0);
 }

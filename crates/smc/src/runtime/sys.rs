@@ -3,10 +3,10 @@
 
 use std::net::{IpAddr, TcpStream};
 
-/// The event thread's wake-up (the workspace's one eventfd implementation).
-pub(crate) use smc_verbs::EventFd;
 /// One address of a local interface (the workspace's one getifaddrs).
 pub(crate) use smc_verbs::netdev::IfAddr;
+/// The event thread's wake-up (the workspace's one eventfd implementation).
+pub(crate) use smc_verbs::EventFd;
 
 /// How long interface addresses are cached (every rendezvous needs them; a netlink dump
 /// per connection would cost more than the rest of the rendezvous' local work).
