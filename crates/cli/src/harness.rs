@@ -393,7 +393,11 @@ pub fn summarize(rtts: &[Duration]) -> LatencySummary {
     let ns = |d: &Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let hist = Histogram::<u64>::new(3).ok().map(|mut h| {
         for d in rtts {
-            h.saturating_record(ns(d));
+            // Auto-resizing: only a value beyond what the histogram can ever cover
+            // (u64 nanoseconds) fails, and is clamped.
+            if h.record(ns(d)).is_err() {
+                h.saturating_record(ns(d));
+            }
         }
         h
     });
