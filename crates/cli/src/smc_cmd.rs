@@ -269,13 +269,14 @@ fn process_stack(bind: Option<IpAddr>) -> io::Result<&'static Stack> {
     }
 }
 
-/// Signals (blocked before the stack starts its threads): SIGUSR1 prints the stack's
+/// Signals (taken before the stack starts its threads): SIGUSR1 prints the stack's
 /// state when `stats`; SIGTERM/SIGINT end its link groups, then the process.
 fn start(bind: Option<IpAddr>, stats: bool, quiet: bool) -> io::Result<&'static Stack> {
-    crate::signal::block()?;
+    let signals = crate::signal::take()?;
     note_policy(quiet);
     let stack = process_stack(bind)?;
     crate::signal::handle(
+        signals,
         move || {
             if stats {
                 endpoint::print_stats(&StackInspect(stack), "SIGUSR1");

@@ -25,8 +25,8 @@ fn exit_child() {
     if std::env::var_os("SMC_TEST_CHILD_KILL").is_some() {
         // No atexit hook, no DELETE LINK: the kernel closes the TCP socket (FIN) and
         // the RNIC's UDP socket; nothing else tells the peer.
-        // SAFETY: sends a signal to this process; no memory is involved.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
     std::process::exit(0);
 }

@@ -21,7 +21,9 @@
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod error;
+pub mod event;
 pub mod mem;
+pub mod netdev;
 pub mod provider;
 pub mod qp;
 pub mod types;
@@ -29,13 +31,14 @@ pub mod wc;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
+pub use event::EventFd;
 pub use mem::RdmaBuffer;
 pub use provider::wait_on_event_fd;
 pub use provider::{
     CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,
-    Qp, QpOps,
+    Qp, QpInitAttr, QpOps,
 };
-pub use qp::{AddressHandle, InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+pub use qp::{AddressHandle, InitAttr, QpCap, QpState, RtrAttr, RtsAttr};
 pub use types::{psn_add, psn_diff, AccessFlags, Gid, Mac, Mtu, PSN_MASK, QPN_MASK};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};

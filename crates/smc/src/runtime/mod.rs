@@ -236,13 +236,9 @@ impl StackConfig {
 }
 
 fn host_name() -> Option<smc_wire::common::HostName> {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into our buffer.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let s = std::str::from_utf8(&buf[..end]).ok()?;
+    // The node name of uname(2) is the host name (what gethostname returns on Linux).
+    let uts = rustix::system::uname();
+    let s = uts.nodename().to_str().ok()?;
     let s: String = s.chars().take(32).collect();
     smc_wire::common::Name32::new(&s)
 }
