@@ -335,7 +335,7 @@ fn stack_pair(p: &PairArgs) -> Result<(Stack, Stack)> {
             .context("policy")?;
     let mut sc = StackConfig::from_env();
     sc.skip_tcp_option = policy.clone();
-    sc.tcp_option = false;
+    sc.tcp_option = None;
     let mut cc = sc.clone();
     cc.local_addr = Some(p.client_ip);
     let server = Stack::new(sc).context("server stack")?;

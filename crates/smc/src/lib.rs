@@ -6,6 +6,9 @@
 //! ```no_run
 //! use std::io::{Read, Write};
 //! use smc::{SmcListener, SmcStream};
+//! // Once per process: the RDMA provider and the TCP-option source (see `defaults`).
+//! smc_providers::install_default();
+//! smc_bpf::install_default();
 //! let l = SmcListener::bind("127.0.0.1:5000")?;
 //! let mut c = SmcStream::connect("127.0.0.1:5000")?;
 //! let (mut s, _) = l.accept()?;
@@ -17,7 +20,9 @@
 //! ```
 
 pub mod api;
+pub mod defaults;
 pub mod runtime;
+pub mod tcp_option;
 pub mod ueid_file;
 
 pub use smc_proto::{clc, conn, endpoint, llc};

@@ -16,6 +16,8 @@ fn exit_child() {
     let Ok(addr) = std::env::var("SMC_TEST_CHILD_ADDR") else {
         return;
     };
+    // What a program does once: the runtime links no provider (smc::defaults).
+    smc_providers::install_default();
     let c = smc::SmcStream::connect(addr.as_str()).unwrap();
     assert!(c.mode().is_smc(), "{}", c.mode());
     (&c).write_all(b"ping").unwrap();

@@ -10,7 +10,7 @@ pub mod tokio;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -336,10 +336,8 @@ pub(crate) fn connect_one(
     timeout: Option<Duration>,
 ) -> io::Result<Established> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    if let Ok(o) = &stack.bpf {
-        if let Err(e) = o.mark(&sock) {
-            debug!(error = %e, "cannot mark the socket for the SMC-R option");
-        }
+    if let Err(e) = stack.tcp_option.mark(sock.as_fd()) {
+        debug!(error = %e, "cannot mark the socket for the SMC-R option");
     }
     if let Some(ip) = stack.cfg.local_addr {
         if ip.is_ipv4() == addr.is_ipv4() {
@@ -691,10 +689,8 @@ impl SmcListener {
         each_addr(addr, |a| {
             let sock = Socket::new(Domain::for_address(a), Type::STREAM, Some(Protocol::TCP))?;
             sock.set_reuse_address(true)?;
-            if let Ok(o) = &inner.bpf {
-                if let Err(e) = o.mark(&sock) {
-                    debug!(error = %e, "cannot mark the listener for the SMC-R option");
-                }
+            if let Err(e) = inner.tcp_option.mark(sock.as_fd()) {
+                debug!(error = %e, "cannot mark the listener for the SMC-R option");
             }
             sock.bind(&a.into())?;
             sock.listen(1024)?;

@@ -25,7 +25,7 @@ use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use smc_bpf::{SkipOptionPolicy, SmcOption, Unavailable};
+use crate::tcp_option::{SkipOptionPolicy, TcpOption};
 use smc_verbs::Provider;
 use smc_wire::common::{Mac, PeerId};
 use tracing::{debug, trace, warn};
@@ -43,7 +43,8 @@ use self::sys::EventFd;
 /// Configuration of a [`Stack`].
 #[derive(Clone)]
 pub struct StackConfig {
-    /// The RDMA provider (`from_env`: chosen by `smc_providers::from_env`).
+    /// The RDMA provider (`from_env`: the one installed with
+    /// [`crate::defaults::set_provider`], e.g. by `smc_providers::install_default`).
     pub provider: Arc<dyn Provider>,
     /// Size of the RMB element of each connection (rounded up to the compressed
     /// notation of RFC 7609 A.2.3: 16 KiB × 2^n).
@@ -69,8 +70,10 @@ pub struct StackConfig {
     /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
     /// default; `SMC_RS_SKIP_TCP_OPTION`).
     pub skip_tcp_option: SkipOptionPolicy,
-    /// Use the smc-bpf TCP option (RFC 7609 §3.1) when its program is installed.
-    pub tcp_option: bool,
+    /// Where the SMC-R TCP option (RFC 7609 §3.1) comes from (`from_env`: the source
+    /// installed with [`crate::defaults::set_tcp_option`], e.g. the eBPF program of
+    /// `smc_bpf::install_default`); `None`: never announced.
+    pub tcp_option: Option<Arc<dyn TcpOption>>,
     /// Client sockets bind to this address before connecting (tests: 127.0.0.1 vs
     /// 127.0.0.2 in one process).
     pub local_addr: Option<IpAddr>,
@@ -115,7 +118,7 @@ const BUSY_POLL_US: u64 = 0;
 
 impl StackConfig {
     /// Defaults with the given provider: v1 and v2 offered (v2 only with a UEID, like
-    /// Linux), 256 KiB buffers, Linux timers, no TCP-option override.
+    /// Linux), 256 KiB buffers, Linux timers, no TCP-option source and no override.
     pub fn with_provider(provider: Arc<dyn Provider>) -> StackConfig {
         StackConfig {
             provider,
@@ -129,7 +132,7 @@ impl StackConfig {
             keepalive: Some(Duration::from_secs(30)),
             llc_reply_timeout: Duration::from_secs(2),
             skip_tcp_option: SkipOptionPolicy::disabled(),
-            tcp_option: true,
+            tcp_option: None,
             local_addr: None,
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
@@ -142,16 +145,17 @@ impl StackConfig {
         }
     }
 
-    /// The process default: the provider `SMC_RS_PROVIDER` selects (`smc_providers`:
-    /// auto, the default, uses a libibverbs device where one serves the address and the
-    /// software RNIC elsewhere), UEIDs from `SMC_RS_UEID` /
+    /// The process default: the provider and TCP-option source installed in
+    /// [`crate::defaults`] (`smc_providers::install_default` picks the provider
+    /// `SMC_RS_PROVIDER` selects; `smc_bpf::install_default` the eBPF option), UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
-        let mut c = StackConfig::with_provider(smc_providers::from_env());
+        let mut c = StackConfig::with_provider(crate::defaults::provider());
+        c.tcp_option = Some(crate::defaults::tcp_option());
         match crate::ueid_file::from_env_or_file() {
             Ok(t) => c.ueids = t,
             Err(e) => warn!(error = %e, "UEIDs ignored"),
@@ -472,7 +476,7 @@ pub(crate) struct Inner {
     pub clc: ClcConfig,
     instance: u16,
     peer_id: OnceLock<PeerId>,
-    pub bpf: Result<SmcOption, Unavailable>,
+    pub tcp_option: Arc<dyn TcpOption>,
     core: Mutex<Core>,
     pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
@@ -604,21 +608,16 @@ impl Stack {
     pub fn new(config: StackConfig) -> io::Result<Stack> {
         let clc = config.clc_config();
         let ep_cfg = config.endpoint_config(&clc);
-        let bpf = if config.tcp_option {
-            SmcOption::open()
-        } else {
-            Err(Unavailable {
-                reason: "SMC-R option disabled by configuration".into(),
-            })
-        };
-        if let Err(u) = &bpf {
-            debug!(reason = %u, "TCP option not available");
-        }
+        let tcp_option = config.tcp_option.clone().unwrap_or_else(|| {
+            Arc::new(crate::tcp_option::NoTcpOption::new(
+                "SMC-R option disabled by configuration",
+            ))
+        });
         let inner = Arc::new(Inner {
             clc,
             instance: rand::random::<u16>(),
             peer_id: OnceLock::new(),
-            bpf,
+            tcp_option,
             core: Mutex::new(Core::new(ep_cfg)),
             tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),

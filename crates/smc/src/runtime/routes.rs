@@ -2,9 +2,9 @@
 //! (the TCP option), and the device and interface facts of the Proposal and Accept.
 
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 
 use arrayvec::ArrayVec;
-use smc_bpf::{ClcBasis, Decision, Outcome as OptOutcome};
 use smc_wire::clc::Ipv6Prefix;
 
 use super::{sys, Inner};
@@ -12,14 +12,12 @@ use crate::clc::{
     ClientRoute, ClientV2Route, Eligibility, LocalDevice, LocalPrefix, ProposalIp, ServerRoute,
 };
 use crate::endpoint::DeviceInfo;
+use crate::tcp_option::{ClcBasis, Decision};
 
 /// Whether CLC may start (RFC 7609 §3.5.1.1): the TCP option of both SYNs, or the
 /// policy override.
 pub(crate) fn eligibility(inner: &Inner, sock: &TcpStream, peer: SocketAddr) -> Eligibility {
-    let outcome = match &inner.bpf {
-        Ok(o) => o.outcome(sock),
-        Err(u) => OptOutcome::Unavailable { reason: u.clone() },
-    };
+    let outcome = inner.tcp_option.outcome(sock.as_fd());
     match inner.cfg.skip_tcp_option.decide(&outcome, peer) {
         // A private transport (SMC-R over iWARP, outside RFC 7609) is never offered on the
         // strength of the TCP option, which every SMC-R host sends: only to peers the

@@ -23,7 +23,7 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::option::Outcome;
+use super::Outcome;
 
 /// Environment variable read by [`SkipOptionPolicy::from_env`].
 pub const POLICY_ENV: &str = "SMC_RS_SKIP_TCP_OPTION";
@@ -270,7 +270,7 @@ impl SkipOptionPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::option::{NotAnnounced, Unavailable};
+    use crate::tcp_option::{NotAnnounced, Unavailable};
     use proptest::prelude::*;
 
     fn sa(s: &str) -> SocketAddr {
