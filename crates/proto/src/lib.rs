@@ -19,4 +19,5 @@
 pub mod clc;
 pub mod conn;
 pub mod endpoint;
+pub mod ids;
 pub mod llc;

@@ -21,7 +21,7 @@ use super::env::{
 use super::negotiate::{client_v2_limits, V2Offered};
 use super::{
     Contact, Eligibility, LinkEvent, Outcome, Output, ResetReason, Role, SmcEstablished,
-    SmcVersion, V2Established, V2FirstContact, Waiting,
+    V2Established, V2FirstContact, Version, Waiting,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +38,7 @@ enum State {
 /// What the Accept settled, kept until the Confirm is out.
 #[derive(Clone, Debug)]
 struct Accepted {
-    version: SmcVersion,
+    version: Version,
     contact: Contact,
     lgr: LgrId,
     link: LocalLink,
@@ -336,14 +336,14 @@ impl Client {
     /// An Accept (RFC 7609 §3.5.1.3, §3.5.2.2; CHECKLIST B.3.2 C3–C4, B.6.2, B.6.3).
     fn on_accept<E: ClcEnv + ?Sized>(&mut self, now: Instant, a: AcceptConfirmRepr, env: &mut E) {
         let version = if a.version >= 2 {
-            SmcVersion::V2
+            Version::V2
         } else {
-            SmcVersion::V1
+            Version::V1
         };
         // Linux `smc_connect_check_aclc`: the Accept must be in a version we offered.
         let offered = match version {
-            SmcVersion::V1 => self.offered_v1,
-            SmcVersion::V2 => self.offered_v2.is_some(),
+            Version::V1 => self.offered_v1,
+            Version::V2 => self.offered_v2.is_some(),
         };
         if !offered {
             return self.decline(DeclineCode::MODEUNSUPP, false, env);
@@ -361,7 +361,7 @@ impl Client {
         };
         let mut eid = None;
         let mut v2_first = None;
-        if version == SmcVersion::V2 {
+        if version == Version::V2 {
             let Some((offer, eids)) = &self.offered_v2 else {
                 return self.decline(DeclineCode::MODEUNSUPP, false, env);
             };

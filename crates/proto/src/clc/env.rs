@@ -25,17 +25,9 @@ use smc_wire::clc::Ipv6Prefix;
 use smc_wire::common::{BufSize, Eid, Gid, Mac, PeerId, QpMtu, U24};
 use smc_wire::decline::DeclineCode;
 
-use super::SmcVersion;
+use crate::ids::Version;
+pub use crate::ids::{LgrId, LinkId, RmbId};
 
-/// A link group, as the runtime names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LgrId(pub u64);
-/// A link (QP pair) of a link group, as the runtime names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LinkId(pub u64);
-/// An RMB element allocated for this connection, as the runtime names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RmbId(pub u64);
 /// An existing connection, as the runtime names it (RMBE conflict resolution).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnRef(pub u64);
@@ -202,7 +194,7 @@ pub struct V2Route {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LgrQuery {
     /// The version chosen.
-    pub version: SmcVersion,
+    pub version: Version,
     /// Peer ID from the Proposal. **Zero in v2-only Proposals** (Linux leaves the v1
     /// fields empty, linux-smc.md H3): match SMC-Rv2 link groups on the GID.
     pub peer_id: PeerId,
@@ -238,7 +230,7 @@ pub enum LgrLookup {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerLgrRequest {
     /// Version.
-    pub version: SmcVersion,
+    pub version: Version,
     /// Peer ID from the Proposal (zero in v2-only Proposals).
     pub peer_id: PeerId,
     /// Client GID (v2: the v2 extension's RoCEv2 GID).
@@ -255,7 +247,7 @@ pub struct ServerLgrRequest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcceptQuery {
     /// Version of the Accept.
-    pub version: SmcVersion,
+    pub version: Version,
     /// The server's link identity (Peer ID, GID, MAC, QPN).
     pub server: PeerLinkId,
 }
@@ -274,7 +266,7 @@ pub struct ClientLookup {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientLgrRequest {
     /// Version.
-    pub version: SmcVersion,
+    pub version: Version,
     /// The server's QP (from the Accept): the QP goes INIT → RTR with it (RFC 7609
     /// §3.5.1.3), ready for the CONFIRM LINK.
     pub server: PeerQp,

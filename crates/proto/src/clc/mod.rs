@@ -100,6 +100,7 @@ use smc_wire::clc::ClcMessage;
 use smc_wire::common::{Eid, Gid, HostName};
 use smc_wire::decline::DeclineCode;
 
+pub use crate::ids::{Role, Version};
 pub use config::{
     AddLinkTimeout, ClcConfig, FirstLinkTimeout, ProposalLayout, V2Config, LINUX_MAX_LINKS_PER_LGR,
     MAX_CONNS_PER_LGR, MIN_CONNS_PER_LGR, MIN_LINKS_PER_LGR, OS_TYPE_LINUX, RELEASE_V2_1,
@@ -113,36 +114,8 @@ pub use env::{
 pub use rendezvous::Rendezvous;
 pub use ueid::{Ueid, UeidError, UeidTable};
 
-/// Which end of the TCP connection (RFC 7609 §2.2.3: the roles of a link group).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// Sent the SYN and the Proposal.
-    Client,
-    /// Accepted the connection; decides link groups.
-    Server,
-}
-
-/// The SMC-R version a rendezvous settled on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SmcVersion {
-    /// SMC-Rv1 (RFC 7609).
-    V1,
-    /// SMC-Rv2 (IBM SMC Version 2 as implemented by Linux).
-    V2,
-}
-
-impl SmcVersion {
-    /// The CLC header version nibble.
-    pub fn wire(self) -> u8 {
-        match self {
-            SmcVersion::V1 => 1,
-            SmcVersion::V2 => 2,
-        }
-    }
-}
-
 /// Whether CLC may start on this connection: the runtime's reading of the TCP option
-/// (RFC 7609 §3.5.1.1) — `smc_bpf::Decision` maps one to one:
+/// (RFC 7609 §3.5.1.1) — `smc::tcp_option::Decision` maps one to one:
 /// `Clc(BothAnnounced)` → [`Eligibility::BothAnnounced`],
 /// `Clc(PolicyOverride { pattern })` → [`Eligibility::PolicyOverride`],
 /// `Fallback { reason }` → [`Eligibility::NotEligible`].
@@ -303,7 +276,7 @@ pub struct SmcEstablished {
     /// Our role.
     pub role: Role,
     /// Negotiated version.
-    pub version: SmcVersion,
+    pub version: Version,
     /// First, parallel or subsequent contact.
     pub contact: Contact,
     /// The link group.

@@ -19,7 +19,7 @@ use super::env::{
 use super::negotiate::{server_choose, server_confirm_check, Choice};
 use super::{
     Contact, Eligibility, LinkEvent, Outcome, Output, ResetReason, Role, SmcEstablished,
-    SmcVersion, V2Established, V2FirstContact, Waiting,
+    V2Established, V2FirstContact, Version, Waiting,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +38,7 @@ enum State {
 /// What the Proposal settled, kept until the end.
 #[derive(Clone, Debug)]
 struct Chosen {
-    version: SmcVersion,
+    version: Version,
     contact: Contact,
     lgr: LgrId,
     link: LocalLink,
@@ -225,12 +225,12 @@ impl Server {
             Err(code) => return self.decline(code, false, env),
         };
         let (version, peer_gid, v2) = match choice {
-            Choice::V1 => (SmcVersion::V1, p.gid, None),
+            Choice::V1 => (Version::V1, p.gid, None),
             Choice::V2 {
                 params,
                 route,
                 client_gid,
-            } => (SmcVersion::V2, client_gid, Some((params, route))),
+            } => (Version::V2, client_gid, Some((params, route))),
         };
         debug!(?version, "Proposal accepted");
         let query = LgrQuery {
@@ -386,7 +386,7 @@ impl Server {
                 return;
             }
         };
-        if (confirm.version >= 2) != (c.version == SmcVersion::V2) {
+        if (confirm.version >= 2) != (c.version == Version::V2) {
             return self.reset(
                 ResetReason::Protocol(format!(
                     "Confirm version {} after an Accept of version {}",

@@ -100,7 +100,7 @@ pub struct FakeLink {
 /// A link group the fake runtime holds.
 #[derive(Clone, Debug)]
 pub struct FakeLgr {
-    pub version: SmcVersion,
+    pub version: Version,
     pub peer_id: PeerId,
     pub peer_gid: Gid,
     pub links: Vec<FakeLink>,
@@ -175,7 +175,7 @@ impl FakeEnv {
     fn new_link(&mut self) -> LocalLink {
         let n = self.id();
         LocalLink {
-            link: LinkId(n),
+            link: LinkId(n as u32),
             gid: gid4(self.host),
             mac: mac(self.host),
             qpn: U24::new(0x11 + (n as u32 % 1000)).unwrap(),
@@ -222,8 +222,8 @@ impl ClcEnv for FakeEnv {
         let found = self.lgrs.iter().find(|(_, g)| {
             g.version == q.version
                 && match q.version {
-                    SmcVersion::V1 => g.peer_id == q.peer_id,
-                    SmcVersion::V2 => g.peer_gid == q.peer_gid,
+                    Version::V1 => g.peer_id == q.peer_id,
+                    Version::V2 => g.peer_gid == q.peer_gid,
                 }
         });
         match found {
@@ -270,7 +270,7 @@ impl ClcEnv for FakeEnv {
                 l.peer.is_some_and(|p| {
                     p.qpn == client.qpn
                         && p.gid == client.gid
-                        && (g.version == SmcVersion::V2 || p.mac == client.mac)
+                        && (g.version == Version::V2 || p.mac == client.mac)
                 })
             })
             .map(|l| l.local.link)
@@ -308,7 +308,7 @@ impl ClcEnv for FakeEnv {
                 if let Some(p) = l.peer {
                     if p.qpn == q.server.qpn
                         && p.gid == q.server.gid
-                        && (q.version == SmcVersion::V2 || p.mac == q.server.mac)
+                        && (q.version == Version::V2 || p.mac == q.server.mac)
                     {
                         out.link = Some((*id, l.local));
                     }
@@ -358,7 +358,7 @@ impl ClcEnv for FakeEnv {
             "RMB for an unknown link group"
         );
         let n = self.id();
-        let rmb = RmbId(n);
+        let rmb = RmbId(n as u32);
         self.live_rmbs.insert(rmb, lgr);
         Ok(RmbAlloc {
             rmb,

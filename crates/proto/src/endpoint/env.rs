@@ -10,11 +10,11 @@ use smc_wire::decline::DeclineCode;
 use tracing::{info, warn};
 
 use super::lgr::{Lgr, Rmb};
-use super::{clc_link, llc_link, llc_role, llc_version, Endpoint, Host, TcpId};
+use super::{Endpoint, Host, TcpId};
 use crate::clc::{
     self, AcceptQuery, ClcEnv, ClientLgrRequest, ClientLookup, ConnRef, LgrId, LgrLookup, LgrQuery,
-    LocalLink, PeerLinkId, PeerQp, PeerRmb, RmbAlloc, RmbId, ServerLgrRequest, SmcVersion,
-    V2Params, V2Route,
+    LocalLink, PeerLinkId, PeerQp, PeerRmb, RmbAlloc, RmbId, ServerLgrRequest, V2Params, V2Route,
+    Version,
 };
 use crate::llc::{self, DeviceId, LinkGroup, LlcConfig};
 
@@ -65,7 +65,7 @@ impl<'a> Env<'a> {
             .unwrap_or(g.device);
         let dev = self.ep.device(dev)?;
         Some(LocalLink {
-            link: clc_link(link),
+            link,
             gid: dev.gid,
             mac: dev.mac,
             qpn: qp.qpn,
@@ -77,7 +77,7 @@ impl<'a> Env<'a> {
     fn new_lgr(
         &mut self,
         role: clc::Role,
-        version: SmcVersion,
+        version: Version,
         peer_id: PeerId,
         peer_gid: Gid,
         v2: Option<V2Params>,
@@ -96,7 +96,7 @@ impl<'a> Env<'a> {
             })?;
         // Linux layout and behaviour between our stacks too: one code path that also
         // interoperates with Linux (SMC-Rv2 is configuration, not a rewrite).
-        let mut cfg = LlcConfig::linux(llc_role(role), llc_version(version));
+        let mut cfg = LlcConfig::linux(role, version);
         cfg.lgr_id = (id.0 as u32) & 0x00FF_FFFF;
         if let Some(p) = v2 {
             cfg.max_conns = p.max_conns;
@@ -254,8 +254,8 @@ impl ClcEnv for Env<'_> {
                 continue;
             }
             let same_peer = match q.version {
-                SmcVersion::V1 => g.peer_id == q.peer_id,
-                SmcVersion::V2 => g.peer_gid == q.peer_gid && g.eid == q.v2.as_ref().map(|p| p.eid),
+                Version::V1 => g.peer_id == q.peer_id,
+                Version::V2 => g.peer_gid == q.peer_gid && g.eid == q.v2.as_ref().map(|p| p.eid),
             };
             if !same_peer {
                 continue;
@@ -313,10 +313,10 @@ impl ClcEnv for Env<'_> {
                     && i.peer.is_some_and(|p| {
                         p.qpn == client.qpn
                             && p.gid == client.gid
-                            && (g.version == SmcVersion::V2 || p.mac == client.mac)
+                            && (g.version == Version::V2 || p.mac == client.mac)
                     })
             })
-            .map(|i| clc_link(i.id))
+            .map(|i| i.id)
     }
 
     fn server_start_first_link(
@@ -325,7 +325,7 @@ impl ClcEnv for Env<'_> {
         link: clc::LinkId,
         client: &PeerQp,
     ) -> Result<(), DeclineCode> {
-        if llc_link(link) != llc::LinkId::FIRST {
+        if link != llc::LinkId::FIRST {
             return Err(DeclineCode::INTERR);
         }
         self.connect_first_link(lgr, client)?;
@@ -349,7 +349,7 @@ impl ClcEnv for Env<'_> {
                 if let Some(p) = info.peer {
                     if p.qpn == q.server.qpn
                         && p.gid == q.server.gid
-                        && (q.version == SmcVersion::V2 || p.mac == q.server.mac)
+                        && (q.version == Version::V2 || p.mac == q.server.mac)
                         && g.conns.len() + g.rendezvous < 255
                     {
                         if let Some(l) = self.local_link(g, info.id) {
@@ -391,7 +391,6 @@ impl ClcEnv for Env<'_> {
         first_contact: bool,
     ) -> Result<RmbAlloc, DeclineCode> {
         let size = self.ep.rmb_size;
-        let link = llc_link(link);
         let token = self.host.alloc_token(lgr).ok_or(DeclineCode::MEM)?;
         let res = self.rmb_for(lgr, link, size.bytes(), first_contact);
         let (id, needs_confirm, tok) = match res {
@@ -409,7 +408,7 @@ impl ClcEnv for Env<'_> {
             g.first_rmb = Some(id);
         }
         Ok(RmbAlloc {
-            rmb: RmbId(u64::from(id)),
+            rmb: RmbId(id),
             rkey: tok.rkey,
             vaddr: tok.vaddr,
             rmbe_idx: 1,
@@ -467,7 +466,7 @@ impl ClcEnv for Env<'_> {
     fn free_rmb(&mut self, lgr: LgrId, rmb: RmbId) {
         let now = self.now;
         if let Some(g) = self.ep.lgrs.get_mut(&lgr) {
-            g.release_rmb(self.host, &self.ep.cfg, rmb.0 as u32, now, true);
+            g.release_rmb(self.host, &self.ep.cfg, rmb.0, now, true);
             self.ep.dirty.insert(lgr);
         }
     }

@@ -8,7 +8,7 @@ use smc_wire::common::{Eid, Gid, PeerId};
 use tracing::debug;
 
 use super::{EndpointConfig, Host, TcpId};
-use crate::clc::{self, LgrId, PeerQp, PeerRmb, SmcVersion};
+use crate::clc::{self, LgrId, PeerQp, PeerRmb, Version};
 use crate::llc::{self, DeviceId, LinkGroup, LlcConfig, QpInfo, RToken};
 
 /// One RMB (one element per RMB, index 1, like Linux).
@@ -26,7 +26,7 @@ pub(super) struct Rmb {
 pub(super) struct Lgr {
     pub id: LgrId,
     pub role: clc::Role,
-    pub version: SmcVersion,
+    pub version: Version,
     pub peer_id: PeerId,
     pub peer_gid: Gid,
     pub eid: Option<Eid>,
@@ -88,7 +88,7 @@ pub struct LgrListing {
     /// Our role.
     pub role: clc::Role,
     /// SMC-R version.
-    pub version: SmcVersion,
+    pub version: Version,
     /// The peer's Peer ID.
     pub peer: PeerId,
     /// Links.

@@ -52,7 +52,7 @@ use smc_wire::common::{BufSize, Gid, Mac, QpMtu};
 
 use crate::clc::{
     self, ClcConfig, ClientRoute, Contact, Eligibility, FallbackReason, LgrId, Rendezvous,
-    ResetReason, ServerRoute, SmcVersion, V2Route,
+    ResetReason, ServerRoute, V2Route,
 };
 use crate::conn::{AbortReason, ConnParams};
 use crate::llc::{self, DeviceId, QpInfo, RToken, SendId};
@@ -753,27 +753,5 @@ impl Endpoint {
                 });
             }
         }
-    }
-}
-
-fn clc_link(id: llc::LinkId) -> clc::LinkId {
-    clc::LinkId(u64::from(id.0))
-}
-
-fn llc_link(id: clc::LinkId) -> llc::LinkId {
-    llc::LinkId(id.0 as u32)
-}
-
-fn llc_role(r: clc::Role) -> llc::Role {
-    match r {
-        clc::Role::Server => llc::Role::Server,
-        clc::Role::Client => llc::Role::Client,
-    }
-}
-
-fn llc_version(v: SmcVersion) -> llc::Version {
-    match v {
-        SmcVersion::V1 => llc::Version::V1,
-        SmcVersion::V2 => llc::Version::V2,
     }
 }

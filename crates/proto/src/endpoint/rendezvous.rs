@@ -8,7 +8,7 @@ use smc_wire::decline::DeclineCode;
 use tracing::{debug, info, warn};
 
 use super::env::Env;
-use super::{llc_link, ConnEntry, Endpoint, Host, NewConn, Output, RendezvousOutcome, TcpId};
+use super::{ConnEntry, Endpoint, Host, NewConn, Output, RendezvousOutcome, TcpId};
 use crate::clc::{self, LgrId, LinkEvent, Outcome, Output as ClcOutput, Rendezvous};
 use crate::conn::{ConnParams, RmbeGeometry};
 use crate::llc::{self, DeviceId, RToken};
@@ -93,7 +93,7 @@ impl Endpoint {
                     Err(e) => warn!(error = %e, "CLC message does not encode"),
                 },
                 ClcOutput::ConfirmRkey { lgr, link: _, rmb } => {
-                    self.confirm_rkey(now, tcp, lgr, rmb.0 as u32)
+                    self.confirm_rkey(now, tcp, lgr, rmb.0)
                 }
                 ClcOutput::OutOfSync { lgr } => {
                     // Only the link group this rendezvous referenced (RFC 7609 A.2.5,
@@ -180,7 +180,7 @@ impl Endpoint {
                     warn!(peer = %r.peer, error = %e, "cannot set up the connection");
                     self.counters.resets += 1;
                     if let Some(g) = self.lgrs.get_mut(&est.lgr) {
-                        let rmb = est.local_rmb.rmb.0 as u32;
+                        let rmb = est.local_rmb.rmb.0;
                         g.release_rmb(host, &self.cfg, rmb, now, false);
                         self.dirty.insert(est.lgr);
                     } else {
@@ -206,11 +206,11 @@ impl Endpoint {
     /// The connection's entry in its link group, and what the host needs to create it.
     fn new_conn(&mut self, est: &clc::SmcEstablished) -> Result<NewConn, String> {
         let g = self.lgrs.get_mut(&est.lgr).ok_or("link group vanished")?;
-        let link = llc_link(est.link);
+        let link = est.link;
         if !g.links.contains_key(&link) {
             return Err(format!("link {link} vanished"));
         }
-        let rmb = est.local_rmb.rmb.0 as u32;
+        let rmb = est.local_rmb.rmb.0;
         if !g.rmbs.contains_key(&rmb) {
             return Err("RMB vanished".into());
         }

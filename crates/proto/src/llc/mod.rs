@@ -131,7 +131,6 @@ pub mod sim;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use smc_wire::common::{Gid, Mac};
@@ -145,39 +144,16 @@ pub use msg::LlcOut;
 pub use rtoken::RToken;
 pub use smc_wire::llc::{Dialect, LlcFormat};
 
+pub use crate::ids::{DeviceId, LinkId, RmbId, Role, Version};
 use add::{CliAdd, SrvAdd};
 use delete::{ClientDelete, SrvDel};
 use link::Link;
 use rkey::{RemoteRkey, RkeyFlow};
 use rtoken::{LocalState, Rtokens};
 
-/// A link of the link group, as named by the machine (not the wire link number, which the
-/// client learns only from CONFIRM LINK). The first link is [`LinkId::FIRST`].
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct LinkId(pub u32);
-
-impl LinkId {
-    /// The link created with the link group (first contact).
-    pub const FIRST: LinkId = LinkId(0);
-}
-
-impl fmt::Display for LinkId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "L{}", self.0)
-    }
-}
-
-/// One of our RMBs, named by the runtime.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct RmbId(pub u32);
-
 /// One of the peer's RMBs, named by the machine.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct PeerRmbId(pub u32);
-
-/// A local RoCE device (RNIC port), named by the runtime.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct DeviceId(pub u32);
 
 /// A posted LLC SEND, so that its completion can be reported back.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -192,24 +168,6 @@ pub struct Device {
     pub mac: Mac,
     /// RoCE GID (RoCEv2: the IPv4-mapped address).
     pub gid: Gid,
-}
-
-/// Server or client of the link group (RFC 7609 §2.2.3): the server adds and deletes links.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Role {
-    /// Accepted the TCP connection that created the link group.
-    Server,
-    /// Initiated it.
-    Client,
-}
-
-/// SMC-R version of the link group (fixed at rendezvous).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Version {
-    /// RFC 7609 (type codes 0x01..0x09).
-    V1,
-    /// Linux SMC-Rv2 (type codes 0x21..0x29, ADD LINK v2 extension, no CONTINUATIONs).
-    V2,
 }
 
 /// Timer values (RFC 7609 C.7; Linux values from linux-smc.md §2.6).

@@ -251,7 +251,7 @@ impl Watch {
     fn kind(&self) -> &'static str {
         match &self.done {
             Some(Outcome::Smc(e)) if e.contact == Contact::Subsequent => "smc-subsequent",
-            Some(Outcome::Smc(e)) if e.version == SmcVersion::V2 => "smc-first-v2",
+            Some(Outcome::Smc(e)) if e.version == Version::V2 => "smc-first-v2",
             Some(Outcome::Smc(_)) => "smc-first-v1",
             Some(Outcome::Fallback(f)) if f.peer.is_some() => "peer-declined",
             Some(Outcome::Fallback(_)) => "declined",
@@ -380,9 +380,9 @@ fn run_client(seed: u64) -> &'static str {
             LgrId(99),
             FakeLgr {
                 version: if r.chance(50) {
-                    SmcVersion::V1
+                    Version::V1
                 } else {
-                    SmcVersion::V2
+                    Version::V2
                 },
                 peer_id: server_route().peer_id,
                 peer_gid: server_link.gid,
@@ -535,7 +535,7 @@ fn run_server(seed: u64) -> &'static str {
     let mut penv = FakeEnv::new(CLIENT_HOST);
     if r.chance(40) {
         // Both already share a link group: subsequent contact.
-        let version = r.pick(&[SmcVersion::V1, SmcVersion::V2]);
+        let version = r.pick(&[Version::V1, Version::V2]);
         let (sl, cl) = (LinkId(1), LinkId(2));
         let link = |link, host, qpn| LocalLink {
             link,

@@ -15,7 +15,7 @@ fn tc_fc_01_happy_path_ipv4() {
     let (c, s) = p.run();
     let (c, s) = (smc(Some(&c)), smc(Some(&s)));
     assert_eq!((c.role, s.role), (Role::Client, Role::Server));
-    assert_eq!((c.version, c.contact), (SmcVersion::V1, Contact::First));
+    assert_eq!((c.version, c.contact), (Version::V1, Contact::First));
     assert_eq!(s.contact, Contact::First);
     // Each side has the other's RMB and alert token.
     assert_eq!(c.peer_rmb.alert_token, s.local_rmb.alert_token);

@@ -70,7 +70,7 @@ fn v2_first_and_subsequent_contact() {
     let mut p = Pair::new(&cfg(), &cfg());
     let (c, s) = p.run();
     let (c, s) = (smc(Some(&c)), smc(Some(&s)));
-    assert_eq!((c.version, s.version), (SmcVersion::V2, SmcVersion::V2));
+    assert_eq!((c.version, s.version), (Version::V2, Version::V2));
     let msgs: Vec<_> = sent(&p.s_out).into_iter().chain(sent(&p.c_out)).collect();
     let lens: Vec<_> = msgs.iter().map(|m| m.buffer_len()).collect();
     assert_eq!(
@@ -122,7 +122,7 @@ fn v1_v2_offer_to_v1_only_server() {
     s.v2 = false;
     let mut p = Pair::new(&cfg(), &s);
     let (c, _) = p.run();
-    assert_eq!(smc(Some(&c)).version, SmcVersion::V1);
+    assert_eq!(smc(Some(&c)).version, Version::V1);
     // Same when the server has SMC-Rv2 but another EID.
     let mut s = cfg();
     s.v2_config.ueids = ueids("SMC-PEER-OTHER");
@@ -130,7 +130,7 @@ fn v1_v2_offer_to_v1_only_server() {
     let (c, s) = p.run();
     assert_eq!(
         (smc(Some(&c)).version, smc(Some(&s)).version),
-        (SmcVersion::V1, SmcVersion::V1)
+        (Version::V1, Version::V1)
     );
 }
 
