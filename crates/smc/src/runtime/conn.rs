@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use smc_verbs::{Mr, RdmaBuffer};
 use tracing::{debug, warn};
 
-use super::link::{wr_cdc, LinkRes, TX_SLOTS};
+use super::link::{wr_cdc, LinkRes, SlotWaiter, TX_SLOTS};
 use super::{Inbox, Inner};
 use crate::clc::LgrId;
 use crate::conn::{CdcRepr, Conn, Events};
@@ -75,6 +75,15 @@ impl std::fmt::Debug for ConnShared {
             .field("token", &format_args!("{:#x}", self.token))
             .field("lgr", &self.lgr)
             .finish()
+    }
+}
+
+impl SlotWaiter for ConnShared {
+    /// Send slots came back: try again.
+    fn kick(&self) {
+        let mut st = self.lock();
+        st.waiting_slots = false;
+        self.drive(&mut st, Instant::now());
     }
 }
 
@@ -201,13 +210,6 @@ impl ConnShared {
                 }
             }
         }
-    }
-
-    /// Send slots came back: try again.
-    pub(crate) fn kick(&self) {
-        let mut st = self.lock();
-        st.waiting_slots = false;
-        self.drive(&mut st, Instant::now());
     }
 
     /// A received CDC (completion thread).

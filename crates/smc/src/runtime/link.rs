@@ -19,7 +19,6 @@ use smc_verbs::{
 use smc_wire::cdc::CDC_TYPE;
 use tracing::{debug, trace, warn};
 
-use super::conn::ConnShared;
 use super::{Inbox, Inner};
 use crate::clc::LgrId;
 use crate::llc;
@@ -45,6 +44,14 @@ const CTL_SLOT: usize = 64;
 const CTL_SLOTS: usize = 4096;
 /// Send slots a transmit needs at most: three RDMA WRITEs and the CDC.
 pub(crate) const TX_SLOTS: i64 = 4;
+
+/// Something waiting for send slots on a link (a connection whose CDC or RDMA WRITE did
+/// not fit): kicked when slots come back or the link dies. A trait so that the link
+/// does not import the connection that imports it.
+pub(crate) trait SlotWaiter: Send + Sync {
+    /// Slots are free again (or the link is dead): try again.
+    fn kick(&self);
+}
 /// LLC messages of one link waiting for the event thread at most. A peer has a few LLC
 /// exchanges in flight at a time (RFC 7609 §3.5.5.3 serializes them); a flood beyond this
 /// is dropped on arrival, so it costs no memory and no event-thread time that other link
@@ -105,7 +112,7 @@ pub(crate) struct LinkRes {
     /// Free send-queue slots (given back by the signalled WR that ends each batch).
     send_free: AtomicI64,
     /// Connections waiting for send slots.
-    waiters: Mutex<VecDeque<Weak<ConnShared>>>,
+    waiters: Mutex<VecDeque<Weak<dyn SlotWaiter>>>,
     /// A receive completion arrived since the event thread last looked (TEST LINK).
     pub activity: AtomicBool,
     /// LLC messages of this link in the event thread's inbox ([`MAX_LLC_QUEUED`]).
@@ -280,9 +287,10 @@ impl LinkRes {
     }
 
     /// Queue a connection to be driven when send slots come back.
-    pub(crate) fn add_waiter(&self, conn: &Arc<ConnShared>) {
+    pub(crate) fn add_waiter<W: SlotWaiter + 'static>(&self, conn: &Arc<W>) {
         if let Ok(mut w) = self.waiters.lock() {
-            w.push_back(Arc::downgrade(conn));
+            let weak: Weak<dyn SlotWaiter> = Arc::downgrade(conn) as Weak<dyn SlotWaiter>;
+            w.push_back(weak);
         }
     }
 
