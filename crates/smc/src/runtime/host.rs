@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use smc_verbs::{AccessFlags, Device, Mr, Mtu, RdmaBuffer};
-use smc_wire::common::{Gid, Mac, QpMtu, U24};
+use smc_verbs::{AccessFlags, Device, Mr, RdmaBuffer};
+use smc_wire::common::{Gid, Mac, U24};
 use tracing::{debug, warn};
 
 use super::conn::ConnShared;
@@ -46,25 +46,6 @@ pub(crate) struct HostState {
 pub(crate) struct HostCtx<'a> {
     pub inner: &'a Arc<Inner>,
     pub st: &'a mut HostState,
-}
-
-pub(crate) fn wgid(g: smc_verbs::Gid) -> Gid {
-    Gid(g.0)
-}
-pub(crate) fn vgid(g: Gid) -> smc_verbs::Gid {
-    smc_verbs::Gid(g.0)
-}
-pub(crate) fn wmac(m: smc_verbs::Mac) -> Mac {
-    Mac(m.0)
-}
-fn vmac(m: Mac) -> smc_verbs::Mac {
-    smc_verbs::Mac(m.0)
-}
-pub(crate) fn qpmtu(m: Mtu) -> QpMtu {
-    QpMtu::from_code(m as u8).unwrap_or(QpMtu::Mtu1024)
-}
-fn vmtu(m: QpMtu) -> Mtu {
-    Mtu::from_enum(m.code()).unwrap_or(Mtu::Mtu1024)
 }
 
 fn herr(e: impl std::fmt::Display) -> HostError {
@@ -106,9 +87,9 @@ impl HostState {
 fn describe(i: usize, d: &Device) -> DeviceInfo {
     DeviceInfo {
         id: DeviceId(i as u32),
-        gid: wgid(d.gid()),
-        mac: wmac(d.mac()),
-        mtu: qpmtu(d.attr().active_mtu),
+        gid: d.gid(),
+        mac: d.mac(),
+        mtu: d.attr().active_mtu,
     }
 }
 
@@ -129,7 +110,7 @@ impl Host for HostCtx<'_> {
         let qp = QpInfo {
             qpn: U24::wrapping(res.qp.qpn()),
             psn: U24::wrapping(res.psn),
-            mtu: qpmtu(res.port_mtu),
+            mtu: res.port_mtu,
         };
         if let Some(old) = self.st.links.insert((lgr, link), res) {
             old.destroy();
@@ -149,11 +130,11 @@ impl Host for HostCtx<'_> {
             .get(&(lgr, link))
             .ok_or_else(|| HostError(format!("no link {link}")))?;
         res.connect(&PeerQpAttr {
-            gid: vgid(peer.gid),
-            mac: vmac(peer.mac),
+            gid: peer.gid,
+            mac: peer.mac,
             qpn: peer.qpn.get(),
             psn: peer.psn.get(),
-            mtu: vmtu(peer.mtu),
+            mtu: peer.mtu,
         })
         .map_err(herr)
     }
@@ -236,7 +217,7 @@ impl Host for HostCtx<'_> {
     }
 
     fn route_v2(&mut self, local: IpAddr, peer_ip: IpAddr, peer_gid: Gid) -> Option<V2Route> {
-        let peer = vgid(peer_gid).to_ip();
+        let peer = peer_gid.to_ip();
         let i = sys::interface_of(local)?;
         let direct =
             sys::masked(peer, i.prefix_len) == sys::masked(local, i.prefix_len) || peer == peer_ip;
