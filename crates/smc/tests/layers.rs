@@ -195,7 +195,7 @@ fn the_picture_is_the_crate_graph() {
         .nth(1)
         .and_then(|s| s.split("```").next())
         .expect("a mermaid block in docs/architecture.md");
-    // Nodes: `id["crate-name<br/>what"]`; edges: `a --> b` or `a -. "label" .-> b`.
+    // Nodes: `id["crate-name<br/>what"]`; edges: `a --> b` or `a -.->|"label"| b`.
     let mut nodes = std::collections::BTreeMap::new();
     let mut edges = Vec::new();
     for l in mermaid.lines().map(str::trim) {
