@@ -142,7 +142,8 @@ fn the_protocol_crate_does_no_io_threads_or_clock_reads() {
 
 /// The crate graph drawn in docs/architecture.md (its mermaid block) is the one the
 /// manifests declare: every workspace crate, and exactly its normal dependencies on other
-/// workspace crates (optional ones included). The ASCII picture names every crate.
+/// workspace crates (optional ones as the default features enable them). The ASCII
+/// picture names every crate.
 #[test]
 fn the_picture_is_the_crate_graph() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
