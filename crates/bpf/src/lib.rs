@@ -26,7 +26,11 @@
 //! Installation (`smc bpf install|status|uninstall`) is library code in
 //! [`install`] with clap types in [`cli`].
 //!
-//! ## What the SMC-R core calls, in order
+//! ## Using the program, in order
+//!
+//! The SMC-R runtime does this through [`BpfTcpOption`] (its `TcpOption` trait: `mark`
+//! before `connect()`/`listen()`, `outcome` after the handshake) and then applies the
+//! [`SkipOptionPolicy`] itself (`smc/src/runtime/routes.rs`). A program of its own calls:
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {

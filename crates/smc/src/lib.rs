@@ -1,7 +1,11 @@
-//! `smc`: the SMC-R core (RFC 7609) — rendezvous, link groups, LLC, the CDC data path,
-//! urgent data, termination and TCP fallback, behind a `std::net`-shaped API.
+//! `smc`: the SMC-R runtime (RFC 7609) behind a `std::net`-shaped API. The protocol —
+//! rendezvous, link groups, LLC, the CDC data path, urgent data, termination and TCP
+//! fallback — is `smc-proto`'s sans-I/O machines and endpoint (re-exported here as
+//! [`clc`], [`llc`], [`conn`], [`endpoint`]); this crate drives them with sockets, verbs
+//! and threads ([`runtime`]) and offers [`SmcListener`] / [`SmcStream`].
 //!
-//! See `docs/core-design.md` for the module map and the threading model.
+//! See `docs/architecture.md` for the crate graph and the path of a byte, and
+//! `docs/core-design.md` for the module map and the threading model.
 //!
 //! ```no_run
 //! use std::io::{Read, Write};

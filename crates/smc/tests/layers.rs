@@ -139,3 +139,103 @@ fn the_protocol_crate_does_no_io_threads_or_clock_reads() {
     }
     assert!(hits.is_empty(), "I/O in smc-proto:\n{}", hits.join("\n"));
 }
+
+/// The crate graph drawn in docs/architecture.md (its mermaid block) is the one the
+/// manifests declare: every workspace crate, and exactly its normal dependencies on other
+/// workspace crates (optional ones as the default features enable them). The ASCII
+/// picture names every crate.
+#[test]
+fn the_picture_is_the_crate_graph() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "--workspace",
+            "--no-dedupe",
+            "-e",
+            "normal",
+            "--depth",
+            "1",
+            "--prefix",
+            "depth",
+            "--format",
+            "{p}",
+        ])
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .output()
+        .expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    // "0name v..." starts a workspace crate, "1name v..." is one of its dependencies.
+    let mut members = BTreeSet::new();
+    let mut deps: Vec<(String, String)> = Vec::new();
+    let mut current = String::new();
+    for l in text.lines() {
+        let name = |s: &str| s.split_whitespace().next().unwrap_or("").to_string();
+        if let Some(rest) = l.strip_prefix('0') {
+            current = name(rest);
+            members.insert(current.clone());
+        } else if let Some(rest) = l.strip_prefix('1') {
+            deps.push((current.clone(), name(rest)));
+        }
+    }
+    let manifest: BTreeSet<(String, String)> = deps
+        .into_iter()
+        .filter(|(_, to)| members.contains(to))
+        .collect();
+
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("read the doc");
+    let mermaid = doc
+        .split("```mermaid")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("a mermaid block in docs/architecture.md");
+    // Nodes: `id["crate-name<br/>what"]`; edges: `a --> b` or `a -.->|"label"| b`.
+    let mut nodes = std::collections::BTreeMap::new();
+    let mut edges = Vec::new();
+    for l in mermaid.lines().map(str::trim) {
+        if let Some((id, rest)) = l.split_once("[\"") {
+            let name = rest.split(['<', '"']).next().unwrap_or("");
+            nodes.insert(id.trim().to_string(), name.to_string());
+        } else if l.contains("-->") || l.contains(".->") {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            edges.push((words[0].to_string(), words[words.len() - 1].to_string()));
+        }
+    }
+    let drawn: BTreeSet<(String, String)> = edges
+        .iter()
+        .map(|(a, b)| {
+            let n = |id: &String| nodes.get(id).cloned().unwrap_or_else(|| id.clone());
+            (n(a), n(b))
+        })
+        .collect();
+    let named: BTreeSet<String> = nodes.values().cloned().collect();
+    assert_eq!(named, members, "crates in the picture vs the workspace");
+    let missing: Vec<_> = manifest.difference(&drawn).collect();
+    let extra: Vec<_> = drawn.difference(&manifest).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "docs/architecture.md: edges missing from the picture {missing:?}, drawn but not in the manifests {extra:?}"
+    );
+    let ascii = doc
+        .split("The same for a terminal")
+        .nth(1)
+        .and_then(|s| s.split("```").nth(1))
+        .expect("the ASCII picture");
+    // A crate name as a whole word ("smc" is part of every other name).
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    for m in &members {
+        let shown = ascii.match_indices(m.as_str()).any(|(i, _)| {
+            let before = ascii[..i].chars().next_back();
+            let after = ascii[i + m.len()..].chars().next();
+            !before.is_some_and(is_name_char) && !after.is_some_and(is_name_char)
+        });
+        assert!(shown, "the ASCII picture does not show {m}");
+    }
+}

@@ -2,9 +2,12 @@
 //!
 //! The API follows ibverbs semantics (device, protection domain, memory region,
 //! completion queue, reliable-connected queue pair, work requests and work
-//! completions) so that a real RNIC behind libibverbs can implement it later
-//! without changes to the layers above. The software RoCEv2 RNIC in
-//! `smc-softroce` is the default provider.
+//! completions), so that very different RNICs implement it without changes to
+//! the layers above: the software RoCEv2 RNIC (`smc-softroce`), RoCE NICs
+//! through libibverbs (`smc-ibverbs`) and the software iWARP RNIC
+//! (`smc-iwarp`). Which one a stack uses is the caller's choice
+//! (`smc-providers`, `SMC_RS_PROVIDER`); the SMC-R runtime names none.
+//! `docs/architecture.md` ("Adding a provider") says what a new one takes.
 //!
 //! Handles (`Device`, `Pd`, `Mr`, `Cq`, `Qp`) are cheap, cloneable wrappers
 //! around provider trait objects (see [`provider`]). Providers implement the

@@ -1,10 +1,13 @@
-//! What the rendezvous machines ask of the runtime, synchronously: link-group lookups,
-//! link-group and RMB allocation, peer RMB registration, RoCEv2 routes and cleanup.
+//! What the rendezvous machines ask of their environment, synchronously: link-group
+//! lookups, link-group and RMB allocation, peer RMB registration, RoCEv2 routes and
+//! cleanup. In a stack the environment is the endpoint (`crate::endpoint`, whose `Host`
+//! — the `smc` runtime — creates the verbs objects); in the machines' tests it is
+//! `clc::testing::FakeEnv`.
 //!
-//! Every call is local and quick (no network round trip): the runtime answers from its
-//! tables or creates verbs objects. Exchanges that need the peer (CONFIRM RKEY, CONFIRM
-//! LINK, ADD LINK) are asynchronous instead: the machine emits an
-//! [`Output`](super::Output) and the runtime reports back through
+//! Every call is local and quick (no network round trip): the environment answers from
+//! its tables or has verbs objects created. Exchanges that need the peer (CONFIRM RKEY,
+//! CONFIRM LINK, ADD LINK) are asynchronous instead: the machine emits an
+//! [`Output`](super::Output) and the driver reports back through
 //! [`Rendezvous::handle_rkey_confirmed`](super::Rendezvous::handle_rkey_confirmed) /
 //! [`handle_link_event`](super::Rendezvous::handle_link_event).
 //!
@@ -25,10 +28,11 @@ use smc_wire::clc::Ipv6Prefix;
 use smc_wire::common::{BufSize, Eid, Gid, Mac, PeerId, QpMtu, U24};
 use smc_wire::decline::DeclineCode;
 
-use crate::ids::Version;
 pub use crate::ids::{LgrId, LinkId, RmbId};
+use crate::ids::Version;
 
-/// An existing connection, as the runtime names it (RMBE conflict resolution).
+/// An existing connection, as the environment names it (RMBE conflict resolution; the
+/// endpoint uses the connection's alert token).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnRef(pub u64);
 
@@ -112,7 +116,7 @@ pub struct ServerRoute {
 /// The local side of a link, as Accept/Confirm present it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LocalLink {
-    /// The runtime's name of the link.
+    /// The environment's name of the link.
     pub link: LinkId,
     /// Our GID on this link.
     pub gid: Gid,
@@ -280,7 +284,7 @@ pub struct ClientLgrRequest {
 /// zeroed, eye catcher set when used, ready to receive — ACC-1, RE-3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RmbAlloc {
-    /// The runtime's name of it.
+    /// The environment's name of it.
     pub rmb: RmbId,
     /// RKey of the RMB on the link named in the message.
     pub rkey: u32,
@@ -298,7 +302,7 @@ pub struct RmbAlloc {
     pub needs_confirm_rkey: bool,
 }
 
-/// The runtime's side of the rendezvous (see the module docs).
+/// The environment's side of the rendezvous (see the module docs).
 pub trait ClcEnv {
     /// Server: an existing link group this connection can join.
     fn server_find_lgr(&mut self, query: &LgrQuery) -> LgrLookup;

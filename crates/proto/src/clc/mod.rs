@@ -7,8 +7,9 @@
 //!
 //! # How it is driven
 //!
-//! A machine does no I/O and reads no clock. The runtime owns the TCP socket, the verbs
-//! objects, the link groups and the llc machines, and:
+//! A machine does no I/O and reads no clock. Its driver — the
+//! [`Endpoint`](crate::endpoint::Endpoint), which owns the link groups and their llc
+//! machines, with the `smc` runtime doing the socket and verbs I/O for it — does this:
 //!
 //! 1. creates the machine after the TCP handshake with the TCP-option outcome
 //!    ([`Eligibility`]) and the route facts ([`ClientRoute`] / [`ServerRoute`]);
@@ -23,8 +24,9 @@
 //!    [`Output::AbortConn`] to the link-group and connection tables, and
 //!    [`Output::Done`] ends the rendezvous.
 //!
-//! Local queries and allocations are synchronous calls on the runtime's [`ClcEnv`].
-//! `docs/clc.md` walks through the runtime side.
+//! Local queries and allocations are synchronous calls on the driver's [`ClcEnv`] (the
+//! endpoint's implementation is `endpoint/env.rs`). `docs/clc.md` walks through the
+//! driver's side.
 //!
 //! # Rules implemented here, and why
 //!
@@ -33,7 +35,7 @@
 //!   outcome is an immediate [`Outcome::Fallback`] with the reason in words.
 //! * **Decline in lieu of an expected message** (C.1, CHECKLIST A.2.6, FB-2): accepted
 //!   in every wait; it ends the rendezvous in a fallback, with no reply. With the S flag
-//!   (out of sync, A.2.5) the runtime is told to terminate the link group this
+//!   (out of sync, A.2.5) the driver is told to terminate the link group this
 //!   negotiation referenced ([`Output::OutOfSync`], AMB-15).
 //! * **Protocol errors** (C.6): a bad eye catcher, type, length or layout, application
 //!   data where a CLC message is expected, or an unexpected message type reset the TCP
@@ -269,7 +271,7 @@ pub struct V2FirstContact {
     pub route: V2Route,
 }
 
-/// A connection that will use SMC-R: everything the runtime needs to create the `conn`
+/// A connection that will use SMC-R: everything the driver needs to create the `conn`
 /// machine and account for it in its link group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SmcEstablished {
@@ -307,7 +309,7 @@ pub enum Outcome {
 }
 
 /// The llc machine's progress on the first link of a new link group, reported by the
-/// runtime to the rendezvous machine (RFC 7609 §3.5.1.5, §3.5.1.6, C.2, C.3).
+/// driver (the endpoint) to the rendezvous machine (RFC 7609 §3.5.1.5, §3.5.1.6, C.2, C.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkEvent {
     /// Our CONFIRM LINK (server: the request; client: the response) completed
@@ -346,7 +348,7 @@ pub enum LinkFailure {
     Other,
 }
 
-/// What the runtime must do next, in order.
+/// What the driver must do next, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Output {
     /// Write this CLC message to the TCP socket (`msg.to_vec()`; never fails for

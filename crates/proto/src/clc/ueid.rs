@@ -190,7 +190,8 @@ impl UeidTable {
         offered.into_iter().find(|e| self.contains_eid(e)).copied()
     }
 
-    /// Parses a list separated by commas, blanks or newlines (the [`UEID_ENV`] syntax).
+    /// Parses a list separated by commas, blanks or newlines (the syntax of `SMC_RS_UEID`,
+    /// `smc::ueid_file::UEID_ENV`).
     pub fn parse_list(text: &str) -> Result<UeidTable, UeidError> {
         let mut t = UeidTable::new();
         for item in text

@@ -2,7 +2,7 @@
 //! a sans-I/O machine (the quinn-proto `Endpoint`).
 //!
 //! It owns the link-group table (each with its [`LinkGroup`](crate::llc::LinkGroup)
-//! machine), the running rendezvous (the [`clc`](crate::clc) machines), the accounting of
+//! machine), the running rendezvous (the [`clc`] machines), the accounting of
 //! RMBs and their elements, and the choreography between those machines: first-contact
 //! milestones from the llc machine to the rendezvous, CONFIRM RKEY before a subsequent
 //! contact's Accept/Confirm, the serialization of first contacts on the server, and the

@@ -157,7 +157,7 @@ impl LinkGroup {
             return;
         };
         if was_active {
-            // SDL-2: the runtime moves the connections before the link goes.
+            // SDL-2: the connections leave the link (LinkDown) before it goes.
             if let Some(l) = self.find_mut(link) {
                 l.state = LinkState::Deleting;
                 l.test = None;

@@ -138,8 +138,9 @@ pub enum Event {
     FirstContactDone,
     /// A link was added and confirmed.
     LinkUp(LinkId),
-    /// A link must no longer be used: move its connections (§4.6). Its QP is destroyed later
-    /// ([`Output::DestroyLink`]).
+    /// A link must no longer be used: its connections leave it — moved to another link
+    /// (§4.6) by a driver that does failover; the endpoint, which does not yet, ends them.
+    /// Its QP is destroyed later ([`Output::DestroyLink`]).
     LinkDown {
         /// The link.
         link: LinkId,

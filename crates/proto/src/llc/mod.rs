@@ -4,10 +4,13 @@
 //! state, both sides' MAC/GID/QPN/PSN/MTU, link user IDs, symmetric or asymmetric), the
 //! RToken set of every RMB in both directions ([`RToken`], §3.5.5.2), and runs every LLC
 //! exchange of §3.5 with its reply timer (Appendix C.7) and the serialization and
-//! collision rules of §3.5.5.3. It does no I/O and reads no clock: the runtime feeds it
+//! collision rules of §3.5.5.3. It does no I/O and reads no clock: its driver feeds it
 //! received LLC messages, send completions, QP events, local requests and time, and
-//! executes what [`LinkGroup::poll_output`] returns. `docs/llc.md` is the how-to for the
-//! runtime; this page says what the machine does and why.
+//! executes what [`LinkGroup::poll_output`] returns. In a stack the driver is the
+//! [`Endpoint`](crate::endpoint::Endpoint) (`endpoint/llc_glue.rs`), which has the `smc`
+//! runtime create and connect QPs; below, "the runtime" means whoever drives the machine.
+//! `docs/llc.md` is the how-to for the driver; this page says what the machine does and
+//! why.
 //!
 //! # Versions and dialects
 //!
@@ -100,9 +103,10 @@
 //! LINK → the carrying link failed; the client's wait for the server's DELETE LINK →
 //! the link that carried the request failed (CDL-5).
 //!
-//! A failed link is reported with [`Event::LinkDown`] (the runtime moves its connections,
-//! §4.6), then deleted with a DELETE LINK exchange over a surviving link; when no link is
-//! left the link group ends with [`Event::Terminated`] (the runtime resets the
+//! A failed link is reported with [`Event::LinkDown`] (its connections must leave it: a
+//! driver with failover moves them to another link, §4.6; the endpoint has none yet and
+//! ends them), then deleted with a DELETE LINK exchange over a surviving link; when no link
+//! is left the link group ends with [`Event::Terminated`] (the driver resets the
 //! connections). LLC exchanges that failed with a link are not replayed on another link
 //! (§2.3); the machine retries queued work once the configuration is stable.
 //!

@@ -1,12 +1,14 @@
 //! The SMC-R runtime: everything that does I/O (docs/core-design.md "runtime").
 //!
-//! A [`Stack`] owns the configuration, the verbs [`Provider`], the Peer ID, the link
-//! groups with their QPs and RMBs, the alert-token registry and one event thread. The
-//! event thread runs the rendezvous machines on the TCP sockets, the link-group
-//! machines (LLC), every timer, and watches the idle TCP connection of every SMC-R
-//! connection for its FIN or RST (RFC 7609 §4.8). The data path does not go through
-//! it: application threads post RDMA WRITE + CDC themselves and the provider's
-//! completion thread processes received CDCs (`runtime/conn.rs`).
+//! A [`Stack`] owns the configuration, the verbs [`Provider`], the Peer ID, the
+//! protocol [`Endpoint`](crate::endpoint::Endpoint) with the QPs and RMBs it asked for
+//! (`host.rs`), the alert-token table and one event thread. The event thread
+//! (`core.rs`) drives the endpoint — which runs the rendezvous and link-group machines —
+//! with the bytes of the rendezvous' TCP sockets, the LLC messages of the links and the
+//! clock, carries out what it decides, runs the connections' timers, and watches the idle
+//! TCP connection of every SMC-R connection for its FIN or RST (RFC 7609 §4.8). The data
+//! path does not go through it: application threads post RDMA WRITE + CDC themselves and
+//! the provider's completion thread processes received CDCs (`conn.rs`, `link.rs`).
 
 pub(crate) mod conn;
 mod core;

@@ -705,7 +705,7 @@ fn run_seeds(name: &str, f: fn(u64) -> &'static str, seeds: std::ops::Range<u64>
                     .unwrap_or_default();
                 panic!(
                     "{name} failed for seed {seed}: {msg} \
-                     (replay: SEED={seed} cargo test -p smc replay_one -- --ignored)"
+                     (replay: SEED={seed} cargo test -p smc-proto replay_one -- --ignored)"
                 );
             }
         }
@@ -739,7 +739,7 @@ fn adversarial_peer_against_server() {
     run_seeds("server", run_server, 0..3000);
 }
 
-/// Reruns one seed of both: `SEED=n cargo test -p smc replay_one -- --ignored --nocapture`.
+/// Reruns one seed of both: `SEED=n cargo test -p smc-proto replay_one -- --ignored --nocapture`.
 #[test]
 #[ignore = "manual replay of one seed (SEED=n)"]
 fn replay_one() {

@@ -33,7 +33,7 @@ fn each_seed(name: &str, f: impl Fn(u64) -> bool + std::panic::RefUnwindSafe) ->
                     .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_default();
                 panic!(
-                    "{name} failed with seed {seed}: {msg}\n  reproduce: SMC_SIM_SEED={seed} cargo test -p smc --lib endpoint::sim::tests::{name}"
+                    "{name} failed with seed {seed}: {msg}\n  reproduce: SMC_SIM_SEED={seed} cargo test -p smc-proto --lib endpoint::sim::tests::{name}"
                 );
             }
         }

@@ -93,7 +93,7 @@ fn random_with_lost_messages() {
     runs(2000..2400, &opts);
 }
 
-/// Replays one run with its trace: `SEED=1234 [FAIL=1] cargo test -p smc --release
+/// Replays one run with its trace: `SEED=1234 [FAIL=1] cargo test -p smc-proto --release
 /// llc::tests::random::replay_seed -- --ignored --nocapture`.
 #[test]
 #[ignore]
