@@ -1,12 +1,13 @@
 //! The SMC-R data path does not touch the heap in steady state: after a warm-up (link
-//! group up, RMBs and send buffers allocated, a few MiB each way), 64 KiB echo rounds and
-//! 1-byte ping-pongs between two stacks over the software RNIC run with a counting global
-//! allocator seeing no allocation in any thread: the application threads (copy into the
-//! sndbuf, RDMA WRITE + CDC posting, reads, driving the RNIC while blocked), the RNIC's
-//! engine threads, the completion handlers (CDC processing) and the stacks' event threads.
+//! group up, RMBs and send buffers allocated, a few MiB each way), 64 KiB echo rounds,
+//! 1-byte ping-pongs and streaming with full windows both ways between two stacks over the
+//! software RNIC run with a counting global allocator seeing no allocation in any thread:
+//! the application threads (copy into the sndbuf, RDMA WRITE + CDC posting, reads, driving
+//! the RNIC while blocked), the RNIC's engine threads, the completion handlers (CDC
+//! processing) and the stacks' event threads.
 //!
-//! `SMC_NOALLOC_TRACE=1` prints the backtraces of the first allocations in the window
-//! (`SMC_NOALLOC_TRACE=<n>`: the first n) to find what allocates.
+//! To find what allocates, `SMC_NOALLOC_TRACE=<n>` prints the backtraces of the first n
+//! allocations in the window (`cargo test --release -p smc --test no_alloc -- --nocapture`).
 
 mod common;
 
