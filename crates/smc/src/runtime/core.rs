@@ -718,6 +718,11 @@ enum Fd {
 pub(crate) fn run(inner: Arc<Inner>) {
     debug!("event thread started");
     let mut buf = vec![0u8; 16 * 1024];
+    // Kept across iterations (cleared, capacity reused): a wake-up in steady state
+    // allocates nothing (tests/no_alloc.rs).
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    let mut what: Vec<Fd> = Vec::new();
+    let mut msgs: Vec<Inbox> = Vec::new();
     loop {
         if inner.stop.load(Ordering::SeqCst) {
             let mut core = inner.lock_core();
@@ -725,8 +730,8 @@ pub(crate) fn run(inner: Arc<Inner>) {
             debug!("event thread stopped");
             return;
         }
-        let mut fds: Vec<libc::pollfd> = Vec::new();
-        let mut what: Vec<Fd> = Vec::new();
+        fds.clear();
+        what.clear();
         let timeout = {
             let core = inner.lock_core();
             fds.push(pfd(inner.efd.fd(), libc::POLLIN));
@@ -776,11 +781,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
         let now = Instant::now();
         let mut core = inner.lock_core();
         inner.efd.drain();
-        let msgs = match inner.inbox.lock() {
-            Ok(mut i) => std::mem::take(&mut *i),
-            Err(_) => Vec::new(),
-        };
-        for m in msgs {
+        if let Ok(mut i) = inner.inbox.lock() {
+            // Swapped, not taken: both vectors keep their capacity.
+            std::mem::swap(&mut *i, &mut msgs);
+        }
+        for m in msgs.drain(..) {
             core.on_inbox(&inner, m, now);
         }
         core.check_activity(now);

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
+use arrayvec::ArrayVec;
 use smc_verbs::{
     AccessFlags, AddressHandle, Cq, Device, InitAttr, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr,
     RdmaBuffer, RecvWr, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -383,7 +384,8 @@ impl LinkRes {
             sges[i] = sndbuf.sge(src_off as usize, len);
         }
         sges[writes.len()] = self.ctl_sge(cdc);
-        let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(writes.len() + 1);
+        // On the stack: a transmit is at most three WRITEs and the CDC ([`TX_SLOTS`]).
+        let mut wrs: ArrayVec<SendWr<'_>, { TX_SLOTS as usize }> = ArrayVec::new();
         for (i, &(remote, _, _)) in writes.iter().enumerate() {
             wrs.push(SendWr {
                 wr_id: WR_WRITE,
