@@ -72,6 +72,14 @@ impl Attacker {
         self.peer_id.instance = rand::random::<u16>() | 1;
     }
 
+    /// The same attacker under a new Peer ID: its next rendezvous is a first contact
+    /// (the harness does first contacts only).
+    pub fn fresh(&self) -> Attacker {
+        let mut a = self.clone();
+        a.renew_peer_id();
+        a
+    }
+
     /// A raw TCP connection to the victim.
     pub fn tcp(&self, to: SocketAddr) -> io::Result<TcpStream> {
         clc::tcp_from(self.ip, to)

@@ -178,8 +178,11 @@ pub struct Transfer {
     pub local: SocketAddr,
     pub mode: Mode,
     stop: Arc<AtomicBool>,
-    done: mpsc::Receiver<(&'static str, io::Result<(u64, [u8; 32])>)>,
+    done: mpsc::Receiver<(&'static str, io::Result<Hashed>)>,
 }
+
+/// Bytes and their SHA-256.
+type Hashed = (u64, [u8; 32]);
 
 /// What an honest transfer moved.
 #[derive(Debug)]
@@ -293,8 +296,42 @@ pub struct Scene {
     transfers: Vec<(Transfer, &'static str)>,
     base_fds: usize,
     base_victim: Stats,
+    // Dropped after the stacks (whose drop joins their event threads).
+    _watchdog: Watchdog,
     // Last: released after everything else.
     _serial: MutexGuard<'static, ()>,
+}
+
+/// Longest a scene may live: a hang (a stuck event thread, a transfer that never ends)
+/// aborts the test binary with a message instead of stalling the whole suite.
+pub const SCENE_LIMIT: Duration = Duration::from_secs(120);
+
+struct Watchdog(Arc<AtomicBool>);
+
+impl Watchdog {
+    fn start() -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let name = thread::current().name().unwrap_or("?").to_string();
+        thread::spawn(move || {
+            let end = Instant::now() + SCENE_LIMIT;
+            while Instant::now() < end {
+                if d.load(Ordering::SeqCst) {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            eprintln!("malicious-peer test {name} still running after {SCENE_LIMIT:?}: aborting");
+            std::process::abort();
+        });
+        Watchdog(done)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Minimum bytes each honest transfer moves each way.
@@ -313,6 +350,7 @@ impl Scene {
 
     fn new(role: Role, f: impl FnOnce(&mut StackConfig)) -> Scene {
         let serial = serial();
+        let watchdog = Watchdog::start();
         common::init_tracing();
         let net = net();
         // Every RNIC the scene may use exists before the baseline (they live as long as
@@ -340,6 +378,7 @@ impl Scene {
             transfers: Vec::new(),
             base_fds: 0,
             base_victim: Stats::default(),
+            _watchdog: watchdog,
             _serial: serial,
         };
         // A first connection warms everything up (threads, pools); its end is the baseline.
@@ -395,7 +434,8 @@ impl Scene {
     }
 
     /// Waits until the victim has no connection, rendezvous, RMB element in use, alert
-    /// token, link group or QP left.
+    /// token, link group or QP left, and the honest stack no link group either (a new
+    /// connection while one side still ends an idle link group can race with it).
     fn settle(&self, what: &str) {
         let ok = common::wait_until(Duration::from_secs(30), || {
             let s = self.victim.stats();
@@ -406,11 +446,13 @@ impl Scene {
                 && s.link_groups == 0
                 && s.qps_open == 0
                 && s.rmbs == 0
+                && self.honest.stats().qps_open == 0
         });
         assert!(
             ok,
-            "{what}: victim resources not released: {:?}",
-            self.victim.stats()
+            "{what}: victim resources not released: {:?} (honest stack: {:?})",
+            self.victim.stats(),
+            self.honest.stats()
         );
     }
 
@@ -437,8 +479,9 @@ impl Scene {
                 "{what}: the server application received other bytes than were sent"
             );
         }
-        self.check_serves("after the attack");
         self.settle("after the attack");
+        self.check_serves("after the attack");
+        self.settle("after the last connection");
         let base = self.base_fds;
         assert!(
             common::wait_until(Duration::from_secs(10), || count_fds() <= base + 2),
