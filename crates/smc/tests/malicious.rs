@@ -1543,29 +1543,37 @@ fn clc_from_clients(accepted: bool) {
         }
         cases.push(("mutated Proposal", b));
     }
-    for (what, bytes) in cases {
-        let mut t = a.tcp(sc.victim_addr()).unwrap();
-        rawclc::send_all(&mut t, &bytes);
-        // The victim ends it (reset or close), declines it (then it is plain TCP), or
-        // accepts it (then we go away and it must clean up).
-        let _ = t.set_read_timeout(Some(END));
-        let mut h = [0u8; 8];
-        let first = t.read(&mut h);
-        let outcome = match first {
-            Ok(0) => "closed".to_string(),
-            Err(e) => format!("reset ({e})"),
-            Ok(n) if n >= 5 && h[4] == 4 => "Decline".into(),
-            Ok(n) if n >= 5 && h[4] == 2 => "Accept".into(),
-            Ok(n) => format!("{n} other bytes"),
-        };
-        assert!(
-            !outcome.contains("other bytes"),
-            "{what}: the victim answered with something else: {h:x?}"
-        );
-        if what != "mutated Proposal" {
-            eprintln!("{what}: {outcome}");
-        }
-        drop(t);
+    // Eight at a time (several wait for the victim's CLC timer).
+    let to = sc.victim_addr();
+    for batch in cases.chunks(8) {
+        std::thread::scope(|sp| {
+            for (what, bytes) in batch {
+                let a = &a;
+                sp.spawn(move || {
+                    let mut t = a.tcp(to).unwrap();
+                    rawclc::send_all(&mut t, bytes);
+                    // The victim ends it (reset or close), declines it (then it is plain
+                    // TCP), or accepts it (then we go away and it must clean up).
+                    let _ = t.set_read_timeout(Some(END));
+                    let mut h = [0u8; 8];
+                    let first = t.read(&mut h);
+                    let outcome = match first {
+                        Ok(0) => "closed".to_string(),
+                        Err(e) => format!("reset ({e})"),
+                        Ok(n) if n >= 5 && h[4] == 4 => "Decline".into(),
+                        Ok(n) if n >= 5 && h[4] == 2 => "Accept".into(),
+                        Ok(n) => format!("{n} other bytes"),
+                    };
+                    assert!(
+                        !outcome.contains("other bytes"),
+                        "{what}: the victim answered with something else: {h:x?}"
+                    );
+                    if *what != "mutated Proposal" {
+                        eprintln!("{what}: {outcome}");
+                    }
+                });
+            }
+        });
     }
     assert_alive(&sc, &honest, "after the malformed CLC");
     sc.finish();

@@ -57,7 +57,7 @@ pub fn stack_config(local: IpAddr) -> StackConfig {
     c.clc_timeout = Duration::from_millis(1500);
     c.keepalive = Some(Duration::from_millis(300));
     c.llc_reply_timeout = Duration::from_secs(1);
-    c.lgr_idle_timeout = Duration::from_millis(500);
+    c.lgr_idle_timeout = Duration::from_millis(200);
     c.conn.close_timeout = Duration::from_secs(3);
     c.conn.abort_timeout = Duration::from_secs(2);
     c
