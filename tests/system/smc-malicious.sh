@@ -14,7 +14,7 @@
 # Defences still missing are listed in EXPECT_FAIL (default below): such an attack
 # succeeding is reported as "xfail" and the script exits 77 naming them; such an attack
 # failing is reported as "XPASS: remove it from EXPECT_FAIL" (not an error: the flood
-# does not stop the listener every time). The flood runs twice.
+# does not stop a vulnerable listener every time). The flood runs up to three times.
 #
 # Exit: 0 pass, 77 skip (or known gaps only), anything else fail. SMC_TEST_SIZE sets the
 # honest transfer's size (default 512M, 256M with CI=true).
@@ -88,10 +88,11 @@ round() {
   fi
   local args=("$@")
   if [ "$name" = decline-dos ]; then args+=(--peer-id "$pid"); fi
-  timeout 60 "$ATTACKER" "$name" --from "$AIP" --to "$SIP:$PORT" "${args[@]}" > "$WORK/$name-att.out" 2>&1
-  local arc=$?
+  # The attack starts while the honest transfer runs (it may outlast it).
   local during=1
   kill -0 "$cpid" 2>/dev/null && during=0
+  timeout 60 "$ATTACKER" "$name" --from "$AIP" --to "$SIP:$PORT" "${args[@]}" > "$WORK/$name-att.out" 2>&1
+  local arc=$?
   echo "    attacker: $(tail -n1 "$WORK/$name-att.out") (exit $arc)"
   local crc=124
   if gone_within "$cpid" 300; then wait "$cpid" 2>/dev/null; crc=$?; else kill -KILL "$cpid" 2>/dev/null; fi
@@ -101,7 +102,7 @@ round() {
   elif ! grep -q "mode=SMC-R .* received .* echo=ok" <<<"$line"; then why="honest result: $line"
   elif [ "$during" != 0 ]; then
     # Intact, but it proves nothing: the attack came too late.
-    fail "$name: the honest transfer ended before the attack did (raise SMC_TEST_SIZE)"
+    fail "$name: the honest transfer ended before the attack began (raise SMC_TEST_SIZE)"
     ROUND_OK=2; ROUND_WHY="inconclusive"; kill "$LPID" 2>/dev/null; gone_within "$LPID" 10 || kill -KILL "$LPID"
     return
   else good=0; why="honest $SIZE each way intact (${line#conn 1 })"; fi
@@ -126,8 +127,11 @@ round() {
 ROUND_OK=1; ROUND_WHY=""
 round decline-dos --count 3
 verdict decline-dos "$ROUND_OK" "$ROUND_WHY"
-round test-link-flood --secs 3
-if [ "$ROUND_OK" = 0 ]; then round test-link-flood --secs 3; fi
+# The flood stops a vulnerable listener in most rounds, not all: up to three.
+for _ in 1 2 3; do
+  round test-link-flood --secs 3
+  [ "$ROUND_OK" = 0 ] || break
+done
 verdict test-link-flood "$ROUND_OK" "$ROUND_WHY"
 
 if [ "$FAILS" -gt 0 ]; then
