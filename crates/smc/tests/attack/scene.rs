@@ -16,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use smc::{Mode, SmcListener, SmcStream, Stack, StackConfig, Stats};
+use smc::{Mode, SmcListener, SmcStream, Stack, StackConfig};
 use smc_verbs::Provider;
 
 use crate::common;
@@ -295,7 +295,6 @@ pub struct Scene {
     pub app: EchoApp,
     transfers: Vec<(Transfer, &'static str)>,
     base_fds: usize,
-    base_victim: Stats,
     // Dropped after the stacks (whose drop joins their event threads).
     _watchdog: Watchdog,
     // Last: released after everything else.
@@ -377,7 +376,6 @@ impl Scene {
             app,
             transfers: Vec::new(),
             base_fds: 0,
-            base_victim: Stats::default(),
             _watchdog: watchdog,
             _serial: serial,
         };
@@ -385,7 +383,6 @@ impl Scene {
         s.check_serves("warm-up");
         s.settle("baseline");
         s.base_fds = count_fds();
-        s.base_victim = s.victim.stats();
         s
     }
 
