@@ -27,6 +27,9 @@ have make     || need+=(make)
 have gcc      || need+=(gcc)
 have nsenter  || need+=(util-linux)
 [ -e /usr/include/linux/bpf.h ]  || need+=(linux-libc-dev)
+# smc-ibverbs: tests/layout.rs checks its hand-declared structures against rdma-core's
+# verbs.h (the provider itself loads libibverbs.so.1 at run time and needs no headers).
+[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
 
 # Linux kernel peer in QEMU (tests/kernel-peer); the VM's own packages (kernel,
 # busybox, rdma-core, perftest) are downloaded by the harness into its cache.
@@ -36,6 +39,10 @@ have depmod   || need+=(kmod)
 have xz       || need+=(xz-utils)
 have zstd     || need+=(zstd)
 [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+# RDMA_DEV=siw (tests/system/iwarp-siw.sh): Debian builds no siw, the harness compiles
+# siw.ko from the kernel source (it installs the matching linux-headers itself).
+[ -e /usr/src/linux-source-6.12.tar.xz ] || need+=(linux-source-6.12)
+compgen -G '/usr/src/linux-headers-6.12.*-amd64' >/dev/null || need+=(linux-headers-6.12-amd64)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
@@ -48,3 +55,8 @@ fi
 # Independent RoCEv2 ICRC checker used by the tests (scapy's RoCE layer).
 python3 -c 'import scapy' 2>/dev/null || pip install -q scapy >/dev/null 2>&1 || \
   echo "setup: warning: could not install scapy; ICRC cross-checks will be skipped" >&2
+
+# tests/system/fuzz-smoke.sh: cargo-fuzz from crates.io (builds its targets on stable
+# without a sanitizer when no nightly toolchain is installed; see scripts/fuzz.sh).
+cargo fuzz --version >/dev/null 2>&1 || cargo install --locked -q cargo-fuzz >/dev/null 2>&1 || \
+  echo "setup: warning: could not install cargo-fuzz; the fuzz smoke test will be skipped" >&2

@@ -16,6 +16,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p smc --all-targets --features tokio -- -D warnings
 echo "== cargo test"
 cargo test --workspace --release
+echo "== cargo test (smc end to end over SMC-R-over-iWARP, the opt-in extension)"
+SMC_RS_TEST_PROVIDER=iwarp cargo test --release -p smc --test e2e --test close --test leak --test timers
 echo "== cargo test (smc, tokio feature)"
 cargo test --release -p smc --features tokio --test tokio
 echo "== system tests"

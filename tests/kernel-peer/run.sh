@@ -53,21 +53,32 @@ done
 : "${ACCEL:=auto}" "${KPKG:=}" "${VM_MEM:=512}" "${VM_TIMEOUT:=900}" "${KERNEL_APPEND:=}"
 : "${CAPTURE:=1}" "${SNAPLEN:=0}" "${DECODE:=1}" "${NO_INSTALL:=0}"
 : "${PEER_CMD:=}" "${PEER_TIMEOUT:=600}" "${PEER_GRACE:=5}" "${PEER_MUST_EXIT:=0}"
+: "${PEER_VM:=0}" "${PEER_FILES:=}" "${HOST_CMD:=}"
 : "${PORT:=5000}" "${SCEN:=echo}" "${SIZES:=}" "${CONNS:=}" "${HOLD:=0}" "${IDLE:=0}"
 : "${BUFSIZE:=}" "${UEID:=SMC-RS-KPEER}" "${SERVER_UEID:=}" "${CLIENT_UEID:=}" "${PEER_UEID:=}"
 : "${SYSCTLS=net.smc.smcr_testlink_time=5}" "${TEARDOWN:=none}" "${EXPECT:=}"
 : "${CHECK_TESTLINK:=0}" "${CHECK_OPTION:=0}" "${IOTIMEOUT:=30}" "${DMESG_FAIL:=}"
-: "${VERBS_TOOLS:=pingpong,write_bw,send_bw,send_lat}" "${VERBS_ITERS:=100}" "${VERBS_SIZE:=}"
+: "${VERBS_ITERS:=100}" "${VERBS_SIZE:=}"
 : "${VERBS_TIMEOUT:=60}" "${VERBS_ARGS:=}" "${VERBS_CHK:=1}" "${VERBS_PORT:=18515}"
+: "${RDMA_DEV:=rxe}" "${SIW_P2P:=0}" "${SIW_MPA_REV:=2}" "${SIW_CRC:=0}" "${RPING_PORT:=7174}"
 INFRA_ERRORS=""
 
 case "$MODE" in
 smc-pair | smc-server | smc-client | verbs-pair | verbs-server | verbs-client | prepare) ;;
+peer-host) PEER_VM=1 ;;
 *)
 	echo "run.sh: unknown mode '$MODE'; see --help" >&2
 	exit "$EXIT_USAGE"
 	;;
 esac
+
+# RDMA_DEV=siw runs the rdma_cm tools (rping, perftest -R) over siw0, the kernel's
+# software iWARP, built from the kernel source (README.md, "iWARP: Linux siw")
+if [ "${RDMA_DEV:-rxe}" = siw ]; then
+	: "${VERBS_TOOLS:=rping,send_bw_cm,write_bw_cm,read_bw_cm}"
+else
+	: "${VERBS_TOOLS:=pingpong,write_bw,send_bw,send_lat}"
+fi
 
 # Scenario presets (README.md, "Scenarios")
 case "$SCEN" in
@@ -108,7 +119,7 @@ check_value() { # name value ERE
 }
 check_value SIZES "$SIZES" '[0-9]+[kKmMgG]?(,[0-9]+[kKmMgG]?)*'
 for v in HOLD IDLE BUFSIZE PORT VM_MEM VM_TIMEOUT IOTIMEOUT PEER_TIMEOUT PEER_GRACE \
-	VERBS_ITERS VERBS_TIMEOUT VERBS_PORT SNAPLEN; do
+	VERBS_ITERS VERBS_TIMEOUT VERBS_PORT SNAPLEN RPING_PORT; do
 	check_value "$v" "${!v}" '[0-9]+'
 done
 check_value CONNS "$CONNS" '([1-9][0-9]*)?'
@@ -122,17 +133,32 @@ check_value VERBS_ARGS "$VERBS_ARGS" '[A-Za-z0-9 =._-]*'
 check_value KERNEL_APPEND "$KERNEL_APPEND" '[A-Za-z0-9 =,._/-]*'
 check_value TEARDOWN "$TEARDOWN" 'none|rmmod'
 check_value EXPECT "$EXPECT" 'smcr|fallback|decline|peernosmc|any'
-for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT; do
+check_value RDMA_DEV "$RDMA_DEV" 'rxe|siw'
+check_value SIW_MPA_REV "$SIW_MPA_REV" '[12]'
+for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT SIW_P2P SIW_CRC PEER_VM; do
 	check_value "$v" "${!v}" '[01]'
 done
 for t in ${VERBS_TOOLS//,/ }; do
-	check_value VERBS_TOOLS "$t" 'pingpong|write_bw|send_bw|read_bw|send_lat|write_lat|read_lat'
+	if [ "$RDMA_DEV" = siw ]; then
+		check_value VERBS_TOOLS "$t" 'rping|send_bw_cm|write_bw_cm|read_bw_cm'
+	else
+		check_value VERBS_TOOLS "$t" 'pingpong|write_bw|send_bw|read_bw|send_lat|write_lat|read_lat'
+	fi
 done
+case "$MODE" in smc-*) [ "$RDMA_DEV" = rxe ] || die "$EXIT_USAGE" "RDMA_DEV=siw is for the verbs modes" ;; esac
 case "$MODE" in
-smc-server | smc-client | verbs-server | verbs-client)
+smc-server | smc-client | verbs-server | verbs-client | peer-host)
 	[ -n "$PEER_CMD" ] || die "$EXIT_USAGE" "MODE=$MODE needs PEER_CMD (your side of the test)"
 	;;
 esac
+if [ "$PEER_VM" = 1 ]; then
+	case "$MODE" in
+	smc-server | smc-client | peer-host) ;;
+	*) die "$EXIT_USAGE" "PEER_VM=1 works with the modes smc-server, smc-client and peer-host" ;;
+	esac
+fi
+[ "$MODE" != peer-host ] || [ -n "$HOST_CMD" ] || die "$EXIT_USAGE" "MODE=peer-host needs HOST_CMD"
+[ "$MODE" = peer-host ] || [ -z "$HOST_CMD" ] || die "$EXIT_USAGE" "HOST_CMD is only for MODE=peer-host"
 
 # ------------------------------------------------------------------ setup
 [ "$(id -u)" = 0 ] || cannot_run "needs root (network namespaces, taps, apt)"
@@ -167,7 +193,7 @@ start_capture
 {
 	for v in MODE SCEN SIZES CONNS HOLD IDLE BUFSIZE EXPECT CHECK_TESTLINK CHECK_OPTION TEARDOWN PORT \
 		SERVER_UEID CLIENT_UEID PEER_UEID SYSCTLS VERBS_TOOLS VERBS_ITERS VERBS_SIZE \
-		CAPTURE DECODE PEER_MUST_EXIT DMESG_FAIL KPKG KDEBVER KVER; do
+		CAPTURE DECODE PEER_MUST_EXIT PEER_VM DMESG_FAIL KPKG KDEBVER KVER RDMA_DEV SIW_P2P SIW_MPA_REV SIW_CRC; do
 		printf '%s=%s\n' "$v" "${!v}"
 	done
 	printf 'ACCEL=%s\nSERVER_IP=%s\nCLIENT_IP=%s\nPEER_IP=%s\nHAS_PEER=%s\n' \
@@ -184,7 +210,8 @@ smc_conf() { # NAME ROLE IP PEER UEID
 verbs_conf() { # NAME ROLE IP PEER
 	write_conf "$OUT/$1" KP_VM="$1" KP_ROLE="$2" KP_IP="$3/$NET_PREFIX" KP_PEER="$4" \
 		KP_VERBS_PORT="$VERBS_PORT" KP_VERBS_ITERS="$VERBS_ITERS" \
-		KP_VERBS_TIMEOUT="$VERBS_TIMEOUT" KP_VERBS_ARGS="$VERBS_ARGS" KP_VERBS_CHK="$VERBS_CHK"
+		KP_VERBS_TIMEOUT="$VERBS_TIMEOUT" KP_VERBS_ARGS="$VERBS_ARGS" KP_VERBS_CHK="$VERBS_CHK" \
+		KP_RDMA="$RDMA_DEV" KP_RPING_PORT="$RPING_PORT"
 }
 infra() { # note a harness-level failure; the verdict fails on it
 	log "FAILED: $*"
@@ -237,7 +264,7 @@ smc-server)
 		start_peer smc-client
 		# PEER_CMD is done when it exits or touches $KPEER_DONE_FILE
 		deadline=$(($(date +%s) + PEER_TIMEOUT))
-		while alive "$PEER_PID" && [ ! -e "$KPEER_DONE_FILE" ] && [ "$(date +%s)" -lt "$deadline" ]; do
+		while peer_alive && ! peer_done && [ "$(date +%s)" -lt "$deadline" ]; do
 			sleep 0.2
 		done
 		[ "$(date +%s)" -lt "$deadline" ] || infra "PEER_CMD did not finish in ${PEER_TIMEOUT}s"
@@ -255,9 +282,10 @@ smc-client)
 	start_peer smc-server
 	boot_vm client tap1 "$CLIENT_MAC"
 	wait_ok=1
-	deadline=$(($(date +%s) + 120))
+	# a PEER_CMD in a VM first boots it (up to ~35 s under TCG on a busy machine)
+	deadline=$(($(date +%s) + 120 + PEER_VM * 180))
 	until peer_listening "$PORT"; do
-		if ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; then
+		if ! peer_alive || [ "$(date +%s)" -ge "$deadline" ]; then
 			infra "PEER_CMD is not listening on $PEER_IP:$PORT"
 			wait_ok=0
 			break
@@ -274,6 +302,24 @@ smc-client)
 		vm_finish client
 	else
 		vm_abort client
+	fi
+	stop_peer "$PEER_GRACE"
+	;;
+
+peer-host)
+	# PEER_CMD in VM guest (10.44.0.3) and HOST_CMD in the namespace (10.44.0.4), at the
+	# same time; each side waits for the other by itself (e.g. a client retries).
+	export KPEER_ROLE=guest KPEER_PEER_IP=$HOST_IP KPEER_HOST_IP=$HOST_IP KPEER_GUEST_IP=$PEER_IP
+	start_peer guest
+	if ready_or_fail guest; then
+		timing vm_ready_s "$(elapsed "$T_VM")"
+		start_host
+		deadline=$(($(date +%s) + PEER_TIMEOUT))
+		while { peer_alive || alive "$HOST_PID"; } && [ "$(date +%s)" -lt "$deadline" ]; do
+			sleep 0.2
+		done
+		[ "$(date +%s)" -lt "$deadline" ] || infra "PEER_CMD/HOST_CMD did not finish in ${PEER_TIMEOUT}s"
+		stop_host "$PEER_GRACE"
 	fi
 	stop_peer "$PEER_GRACE"
 	;;
@@ -304,16 +350,24 @@ verbs-*)
 	}
 	if [ "$up" = 1 ]; then
 		timing vm_ready_s "$(elapsed "$T_VM")"
+		step_index=0
 		for tool in ${VERBS_TOOLS//,/ }; do
+			# a tool may appear more than once (PEER_CMD can vary its options by
+			# $KPEER_STEP_INDEX); each run is its own step "tool@index"
+			step_index=$((step_index + 1))
+			export KPEER_STEP_INDEX=$step_index
 			size=$VERBS_SIZE
 			if [ -z "$size" ]; then
 				case "$tool" in
 				pingpong) size=4096 ;;
-				*_bw) size=16384 ;;
+				*_bw | *_bw_cm) size=16384 ;;
 				*) size=64 ;;
 				esac
 			fi
-			export KPEER_TOOL=$tool KPEER_ITERS=$VERBS_ITERS KPEER_SIZE=$size KPEER_PORT=$VERBS_PORT
+			tport=$VERBS_PORT
+			[ "$tool" = rping ] && tport=$RPING_PORT
+			export KPEER_TOOL=$tool KPEER_ITERS=$VERBS_ITERS KPEER_SIZE=$size KPEER_PORT=$tport
+			export KPEER_RDMA_DEV=$RDMA_DEV
 			log "verbs tool: $tool, $VERBS_ITERS iterations of $size bytes"
 			case "$MODE" in
 			verbs-pair)
@@ -337,7 +391,7 @@ verbs-*)
 					KPEER_TOOL_CMD=$(grep -a "^KPEER verbs-ready vm=server tool=$tool " "$OUT/server/results.log" |
 						sed -n 's/.* cmd=\([^ ]*\).*/\1/p' | tr '+' ' ')
 					export KPEER_TOOL_CMD
-					start_peer "$tool"
+					start_peer "$tool@$step_index"
 					wait_gone "$PEER_PID" "$((VERBS_TIMEOUT + 30))" || infra "PEER_CMD ($tool) timed out"
 					stop_peer 0
 				else
@@ -350,13 +404,13 @@ verbs-*)
 				export KPEER_ROLE=server KPEER_PEER_IP=$CLIENT_IP
 				KPEER_GID=$(vm_gid client)
 				export KPEER_GID
-				start_peer "$tool"
+				start_peer "$tool@$step_index"
 				deadline=$(($(date +%s) + 60))
-				until peer_listening "$VERBS_PORT" || ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; do
+				until peer_listening "$tport" || ! alive "$PEER_PID" || [ "$(date +%s)" -ge "$deadline" ]; do
 					sleep 0.1
 				done
-				if ! peer_listening "$VERBS_PORT"; then
-					infra "PEER_CMD ($tool) is not listening on $PEER_IP:$VERBS_PORT"
+				if ! peer_listening "$tport"; then
+					infra "PEER_CMD ($tool) is not listening on $PEER_IP:$tport"
 				elif run_in client "$tool" "$size"; then
 					vm_wait client "verbs vm=client tool=$tool " 1 "$((VERBS_TIMEOUT * 3 + 30))" ||
 						infra "client $tool did not finish"

@@ -132,10 +132,22 @@ static __always_inline __u64 hdr_byte(const struct tcp_hdr_buf *h, __u64 idx)
 	return h->b[idx & 63];
 }
 
+/* Options follow the 20-byte fixed header: at most 40 bytes, so at most 40
+ * options (each at least one byte long). */
+#define TCP_OPT_MAX (TCP_HDR_MAX - 20)
+
 /*
  * Returns 1 when the TCP header in h->b[0..hlen) carries the SMC-R option.
  * A global (non-inlined) function: the verifier checks it once on its own
  * instead of once per call site, which keeps verification small.
+ *
+ * The loop runs on its own counter `n`, bounded by a constant, and not on the
+ * offset `i`: after `i += len` (len read from the packet) the verifier only
+ * knows a range for i, and once those ranges stop changing from one iteration
+ * to the next, verifiers that do not yet widen loop states (Linux 6.12) find
+ * the same state twice and reject the program ("infinite loop detected"). The
+ * constant counter differs in every iteration, so no two states are equal,
+ * and it ends the loop after TCP_OPT_MAX rounds whatever the offsets are.
  */
 __attribute__((noinline)) int smcr_option_present(const struct tcp_hdr_buf *h, __u32 hdr_len)
 {
@@ -147,11 +159,11 @@ __attribute__((noinline)) int smcr_option_present(const struct tcp_hdr_buf *h, _
 		return 0;
 	if (hlen > TCP_HDR_MAX)
 		hlen = TCP_HDR_MAX;
-	/* Every iteration advances i, which stays below 60: the verifier sees
-	 * at most one state per value of i. */
-	while (i < hlen && i < TCP_HDR_MAX) {
+	for (int n = 0; n < TCP_OPT_MAX; n++) {
 		__u64 kind, len;
 
+		if (i >= hlen)
+			break;
 		kind = hdr_byte(h, i);
 		if (kind == 0) /* EOL */
 			break;

@@ -33,8 +33,7 @@ pub struct InstallOptions {
 }
 
 fn ensure_root() -> Result<()> {
-    // SAFETY: geteuid(2) has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         bail!("this needs root (loading and attaching eBPF programs)");
     }
     Ok(())
@@ -93,7 +92,7 @@ pub fn install(opts: &InstallOptions) -> Result<Status> {
         .open_memory(BPF_OBJECT)
         .context("cannot open the embedded BPF object")?
         .load()
-        .context("the kernel rejected the BPF program (needs Linux >= 5.10 with BPF_SOCK_OPS_WRITE_HDR_OPT_CB, cgroup v2, BTF)")?;
+        .context("the kernel rejected the BPF program (its verifier log is above; needs Linux >= 5.10 with BPF_SOCK_OPS_WRITE_HDR_OPT_CB, cgroup v2, BTF)")?;
 
     fs::create_dir(paths.dir())
         .with_context(|| format!("cannot create {}", paths.dir().display()))?;

@@ -272,7 +272,7 @@ fn check_fresh_tcp(fd: BorrowedFd<'_>) -> Result<(), MarkError> {
     }
     match s.peer_addr() {
         Ok(_) => Err(MarkError::TooLate("connected")),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotConnected => Ok(()),
         Err(e) => Err(MarkError::Socket(e)),
     }
 }

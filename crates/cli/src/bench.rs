@@ -98,6 +98,8 @@ pub struct Report {
     pub tcp: TransportReport,
     /// Ratios against the targets.
     pub targets: Vec<Target>,
+    /// The RDMA provider the SMC-R side used (`SMC_RS_PROVIDER`, and what `auto` chose).
+    pub provider: String,
 }
 
 /// Measures one transport: starts the harness server on `listener` and drives it with
@@ -271,7 +273,12 @@ pub fn compare(smc: TransportReport, tcp: TransportReport) -> Report {
         true,
         0.5,
     ));
-    Report { smc, tcp, targets }
+    Report {
+        smc,
+        tcp,
+        targets,
+        provider: String::new(),
+    }
 }
 
 /// Human-readable byte rate.
@@ -309,6 +316,9 @@ pub fn render(r: &Report) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(o, "SMC-R connection mode: {}", r.smc.mode);
+    if !r.provider.is_empty() {
+        let _ = writeln!(o, "RDMA provider: {}", r.provider);
+    }
     if !r.smc.all_expected_mode {
         let _ = writeln!(
             o,

@@ -12,6 +12,7 @@ use crate::payload::{self, Moved, Pattern};
 use anyhow::{bail, Context, Result};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread;
@@ -198,15 +199,47 @@ fn serve_many<L: Listener>(listener: &L, args: &ListenArgs) -> Result<()> {
     Ok(())
 }
 
+/// Waits until `fd` (the input) has data (or end of file) and returns true; false once
+/// `stop` is set. Polls in slices of 200 ms so that the input direction also ends when
+/// the connection failed while the input stays silent (an idle terminal or pipe).
+fn input_ready(fd: BorrowedFd<'_>, stop: &AtomicBool) -> io::Result<bool> {
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        // Readable, or hung up / error: read() tells which. EINTR counts as a
+        // wake-up that rechecks `stop`.
+        if smc_verbs::event::wait_readable(fd, Some(Duration::from_millis(200)))? {
+            return Ok(true);
+        }
+    }
+}
+
 /// stdin → socket (then half-close), socket → stdout; returns when both directions are
-/// done (or the socket fails).
+/// done, or at once when the socket fails (a reset connection ends the command even
+/// while stdin is silent).
 fn netcat<S: Stream>(s: &S) -> Result<()> {
+    netcat_io(s, io::stdin(), io::stdout().lock())
+}
+
+/// [`netcat`] with its input and output given.
+fn netcat_io<S: Stream, I: Read + AsFd + Send, O: Write>(
+    s: &S,
+    mut input: I,
+    mut stdout: O,
+) -> Result<()> {
+    let failed = AtomicBool::new(false);
     thread::scope(|sc| {
-        let up = sc.spawn(|| -> io::Result<()> {
-            let mut stdin = io::stdin().lock();
+        let failed = &failed;
+        let up = sc.spawn(move || -> io::Result<()> {
+            // CHUNK is larger than stdin's own buffer, so reads bypass it and poll(2) on
+            // the descriptor sees every byte not read yet.
             let mut buf = vec![0u8; payload::CHUNK];
             loop {
-                let n = match stdin.read(&mut buf) {
+                if !input_ready(input.as_fd(), failed)? {
+                    return Ok(());
+                }
+                let n = match input.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -216,7 +249,6 @@ fn netcat<S: Stream>(s: &S) -> Result<()> {
             }
             s.shutdown(Shutdown::Write)
         });
-        let mut stdout = io::stdout().lock();
         let mut buf = vec![0u8; payload::CHUNK];
         let down: io::Result<()> = loop {
             match payload::read_retry(s, &mut buf) {
@@ -231,6 +263,9 @@ fn netcat<S: Stream>(s: &S) -> Result<()> {
                 Err(e) => break Err(e),
             }
         };
+        if down.is_err() {
+            failed.store(true, Ordering::Release);
+        }
         let up = up
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("stdin thread panicked")));
@@ -499,5 +534,58 @@ mod tests {
         ca.require_smc = true;
         assert!(connect(&KernelTcp, &ca, &NoInspect).is_err());
         srv.join().unwrap().unwrap();
+    }
+
+    /// Netcat: input to the socket, half-close at its end, the echo to the output.
+    #[test]
+    fn netcat_relays_and_half_closes() {
+        use std::os::unix::net::UnixStream;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let srv = thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).unwrap();
+            c.write_all(&got).unwrap();
+        });
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        let (mut feed, input) = UnixStream::pair().unwrap();
+        feed.write_all(b"hello netcat").unwrap();
+        drop(feed); // end of input
+        let mut out = Vec::new();
+        netcat_io(&s, input, &mut out).unwrap();
+        assert_eq!(out, b"hello netcat");
+        srv.join().unwrap();
+    }
+
+    /// A connection that fails ends netcat while its input stays open and silent (an idle
+    /// terminal): before, the input thread kept it waiting for the next line.
+    #[test]
+    fn netcat_ends_on_a_reset_while_input_is_silent() {
+        use std::os::unix::net::UnixStream;
+        use std::sync::mpsc;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let srv = thread::spawn(move || {
+            let (c, _) = l.accept().unwrap();
+            thread::sleep(Duration::from_millis(100));
+            // SO_LINGER 0: close() sends a reset
+            socket2::SockRef::from(&c)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+        });
+        let s = std::net::TcpStream::connect(addr).unwrap();
+        let (_feed, input) = UnixStream::pair().unwrap(); // open, never written
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let r = netcat_io(&s, input, io::sink());
+            let _ = tx.send(r.map_err(|e| format!("{e:#}")));
+        });
+        srv.join().unwrap();
+        let r = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("netcat still waits for input after the reset");
+        let e = r.expect_err("a reset connection is an error");
+        assert!(e.contains("socket → stdout"), "{e}");
     }
 }

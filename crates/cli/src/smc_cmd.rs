@@ -109,6 +109,20 @@ impl Net for SmcNet<'_> {
     }
 }
 
+/// `name:provider,...` of the RDMA devices a provider opened (`-` for none), sorted.
+fn devices_text(devs: &[smc_verbs::Device]) -> String {
+    let mut v: Vec<String> = devs
+        .iter()
+        .map(|d| format!("{}:{}", d.name(), d.attr().provider))
+        .collect();
+    v.sort();
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(",")
+    }
+}
+
 /// A stack's state for `--stats`: one `stats: summary` line of `key=value` pairs (stable
 /// keys, for scripts), then one line per link group and per connection.
 pub struct StackInspect<'a>(pub &'a Stack);
@@ -123,7 +137,8 @@ impl Inspect for StackInspect<'_> {
             o,
             "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
              rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
-             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={}",
+             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} \
+             provider={} devices={}",
             st.link_groups,
             conns.len(),
             st.smc_connections,
@@ -142,6 +157,8 @@ impl Inspect for StackInspect<'_> {
             st.rmbs_deleted,
             st.lgrs_ended,
             st.links_failed,
+            self.0.config().provider.name(),
+            devices_text(&self.0.config().provider.devices()),
         );
         for g in &lgrs {
             let links: Vec<String> = g
@@ -252,13 +269,14 @@ fn process_stack(bind: Option<IpAddr>) -> io::Result<&'static Stack> {
     }
 }
 
-/// Signals (blocked before the stack starts its threads): SIGUSR1 prints the stack's
+/// Signals (taken before the stack starts its threads): SIGUSR1 prints the stack's
 /// state when `stats`; SIGTERM/SIGINT end its link groups, then the process.
 fn start(bind: Option<IpAddr>, stats: bool, quiet: bool) -> io::Result<&'static Stack> {
-    crate::signal::block()?;
+    let signals = crate::signal::take()?;
     note_policy(quiet);
     let stack = process_stack(bind)?;
     crate::signal::handle(
+        signals,
         move || {
             if stats {
                 endpoint::print_stats(&StackInspect(stack), "SIGUSR1");
@@ -365,9 +383,11 @@ fn run_demo(args: &DemoArgs) -> Result<()> {
     let bytes = crate::payload::parse_size(&args.bytes).map_err(anyhow::Error::msg)?;
     let (server, client) = stack_pair(&args.pair)?;
     println!(
-        "smc demo: SMC-R between two stacks in this process over the software RoCEv2 RNIC \
-         (client {} → server {}), then the same over kernel TCP",
-        args.pair.client_ip, args.pair.server_ip
+        "smc demo: SMC-R between two stacks in this process (client {} → server {}; provider {}), \
+         then the same over kernel TCP",
+        args.pair.client_ip,
+        args.pair.server_ip,
+        smc_providers::describe(smc_providers::selection_or_auto(), args.pair.client_ip)
     );
     let l = SmcListener::bind_with(&server, SocketAddr::new(args.pair.server_ip, 0))
         .context("SMC-R listener")?;
@@ -449,9 +469,12 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     };
     let (server, client) = stack_pair(&args.pair)?;
     if !args.json {
+        let sel = smc_providers::selection_or_auto();
         eprintln!(
-            "smc bench: SMC-R over the software RoCEv2 RNIC ({} → {}) vs kernel TCP loopback",
-            args.pair.client_ip, args.pair.server_ip
+            "smc bench: SMC-R ({} → {}) vs kernel TCP loopback; provider {}",
+            args.pair.client_ip,
+            args.pair.server_ip,
+            smc_providers::describe(sel, args.pair.client_ip)
         );
     }
     let l = SmcListener::bind_with(&server, SocketAddr::new(args.pair.server_ip, 0))
@@ -466,7 +489,9 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     .context("SMC-R")?;
     let tl = TcpListener::bind(SocketAddr::new(args.pair.server_ip, 0))?;
     let tcp = bench::measure("TCP", tl, &KernelTcp, &plan, ModeKind::KernelTcp).context("TCP")?;
-    let report = bench::compare(smc, tcp);
+    let mut report = bench::compare(smc, tcp);
+    report.provider =
+        smc_providers::describe(smc_providers::selection_or_auto(), args.pair.client_ip);
     if !report.smc.all_expected_mode {
         eprintln!(
             "smc bench: WARNING: SMC-R connections fell back to TCP ({}){}",

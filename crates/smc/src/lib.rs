@@ -17,10 +17,10 @@
 //! ```
 
 pub mod api;
-pub mod clc;
-pub mod conn;
-pub mod llc;
 pub mod runtime;
+pub mod ueid_file;
+
+pub use smc_proto::{clc, conn, endpoint, llc};
 
 #[cfg(feature = "tokio")]
 pub use api::tokio;

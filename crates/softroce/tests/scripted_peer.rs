@@ -16,8 +16,12 @@ use smc_verbs::*;
 
 const PEER_QPN: u32 = 0x99;
 
+/// The scripted peer: receives on `me:4791` like any RoCEv2 node, sends
+/// from `tx`, bound to an ephemeral port (RoCEv2 receivers must take
+/// packets from any source port; rxe uses one per QP).
 struct Peer {
     sock: UdpSocket,
+    tx: UdpSocket,
     me: Ipv4Addr,
     dut: Ipv4Addr,
     dut_qpn: u32,
@@ -35,20 +39,25 @@ impl Peer {
             id: 0,
             flags_frag: IPV4_DF,
         };
-        icrc::fill(&ip, 4791, 4791, &mut b);
-        self.sock
+        let sport = self.tx.local_addr().unwrap().port();
+        icrc::fill(&ip, sport, 4791, &mut b);
+        self.tx
             .send_to(&b, SocketAddr::new(IpAddr::V4(self.dut), 4791))
             .unwrap();
     }
     fn send_raw(&self, b: &[u8]) {
-        self.sock
+        self.tx
             .send_to(b, SocketAddr::new(IpAddr::V4(self.dut), 4791))
             .unwrap();
     }
     fn recv(&self) -> Option<(PacketRepr, Vec<u8>)> {
+        self.recv_from().map(|(r, d, _)| (r, d))
+    }
+    /// A packet from the DUT with its UDP source port.
+    fn recv_from(&self) -> Option<(PacketRepr, Vec<u8>, u16)> {
         let mut b = [0u8; 8192];
         match self.sock.recv_from(&mut b) {
-            Ok((n, _)) => {
+            Ok((n, from)) => {
                 let p = PacketRepr::parse(&b[..n]).expect("DUT sent a malformed packet");
                 let ip = IpInfo::V4 {
                     src: self.dut,
@@ -57,12 +66,13 @@ impl Peer {
                     flags_frag: IPV4_DF,
                 };
                 assert!(
-                    icrc::verify(&ip, 4791, 4791, &b[..n]),
+                    icrc::verify(&ip, from.port(), 4791, &b[..n]),
                     "DUT packet ICRC (ID 0)"
                 );
                 Some((
                     p.repr,
                     b[p.payload_off..p.payload_off + p.payload_len].to_vec(),
+                    from.port(),
                 ))
             }
             Err(_) => None,
@@ -106,15 +116,19 @@ impl Peer {
 }
 
 fn setup(net: u8) -> (Side, Peer) {
+    setup_mtu(net, Mtu::Mtu1024)
+}
+
+fn setup_mtu(net: u8, mtu: Mtu) -> (Side, Peer) {
     let dev = device(net, 1, &Config::default());
     let o = Opts {
-        mtu: Mtu::Mtu1024,
+        mtu,
         ..Opts::default()
     };
     let s = side(&dev, &o, 500);
     let me = Ipv4Addr::new(127, 86, net, 2);
     s.qp.modify_to_rtr(&RtrAttr {
-        path_mtu: Mtu::Mtu1024,
+        path_mtu: mtu,
         dest_qpn: PEER_QPN,
         rq_psn: 100,
         ah: AddressHandle::to_gid(Gid::from_ip(IpAddr::V4(me))),
@@ -132,12 +146,14 @@ fn setup(net: u8) -> (Side, Peer) {
     .unwrap();
     let sock = UdpSocket::bind(SocketAddr::new(IpAddr::V4(me), 4791)).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let tx = UdpSocket::bind(SocketAddr::new(IpAddr::V4(me), 0)).unwrap();
     let dut = Ipv4Addr::new(127, 86, net, 1);
     let qpn = s.qp.qpn();
     (
         s,
         Peer {
             sock,
+            tx,
             me,
             dut,
             dut_qpn: qpn,
@@ -428,4 +444,383 @@ fn malformed_read_response_is_a_bad_response() {
     let wc = wait_wc(&s.scq, T);
     assert_eq!((wc.wr_id, wc.status), (3, WcStatus::BadRespErr));
     assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 6: a duplicate READ after the region was deregistered is not
+/// replayed from the saved reference: the rkey is looked up again (as rxe
+/// re-checks the MR) and the answer is NAK Remote Access Error.
+#[test]
+fn duplicate_read_after_deregistration_is_refused() {
+    let (s, peer) = setup(85);
+    let mem = buf(4096);
+    fill_pattern(&mem, 85);
+    let mr =
+        s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    let mut rd = peer.req(Opcode::ReadRequest, 100, false);
+    rd.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: 2000,
+    });
+    peer.send(rd, &[]);
+    for (op, psn) in [
+        (Opcode::ReadResponseFirst, 100),
+        (Opcode::ReadResponseLast, 101),
+    ] {
+        let (r, _) = peer.expect();
+        assert_eq!((r.bth.opcode, r.bth.psn), (op, psn));
+    }
+    drop(mr);
+    peer.send(rd, &[]);
+    let (r, data) = peer.expect();
+    assert!(data.is_empty(), "data of a deregistered region was sent");
+    assert_eq!(
+        ack_of(&r),
+        (Opcode::Acknowledge, 100, Syndrome::NakRemoteAccessError, 1)
+    );
+    peer.silence();
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 6: a multi-packet WRITE whose region is deregistered after its
+/// first packet places nothing more: the next packet is answered with NAK
+/// Remote Access Error.
+#[test]
+fn write_in_progress_stops_at_deregistration() {
+    let (s, peer) = setup(86);
+    let mem = buf(4096);
+    let mr =
+        s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let mut first = peer.req(Opcode::WriteFirst, 100, true);
+    first.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: 3000,
+    });
+    peer.send(first, &[0x11; 1024]);
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (Opcode::Acknowledge, 100, Syndrome::ACK, 0)
+    );
+    drop(mr);
+    peer.send(peer.req(Opcode::WriteMiddle, 101, true), &[0x22; 1024]);
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (Opcode::Acknowledge, 101, Syndrome::NakRemoteAccessError, 0)
+    );
+    assert_eq!(contents(&mem, 0, 1024), vec![0x11; 1024]);
+    assert_eq!(contents(&mem, 1024, 2048), vec![0; 2048]);
+    peer.send(peer.req(Opcode::WriteLast, 102, true), &[0x33; 952]);
+    peer.silence();
+    assert_eq!(contents(&mem, 2048, 952), vec![0; 952]);
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 6, receive side: a posted receive whose region was deregistered
+/// takes no SEND data; the receive completes with a local protection error
+/// and the peer gets NAK Remote Operational Error.
+#[test]
+fn receive_into_deregistered_region_is_refused() {
+    let (s, peer) = setup(87);
+    let mem = buf(4096);
+    let mr = s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE).unwrap();
+    s.qp.post_recv(&RecvWr {
+        wr_id: 5,
+        sg_list: &[mr.sge(0, 64)],
+    })
+    .unwrap();
+    drop(mr);
+    peer.send(peer.req(Opcode::SendOnly, 100, true), b"intruder");
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (
+            Opcode::Acknowledge,
+            100,
+            Syndrome::NakRemoteOperationalError,
+            0
+        )
+    );
+    let wc = wait_wc(&s.rcq, T);
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::LocProtErr));
+    assert_eq!(contents(&mem, 0, 8), vec![0; 8]);
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 6, requester side: READ responses for a READ whose local target
+/// region was deregistered are not placed; the READ completes with a
+/// local protection error.
+#[test]
+fn read_response_into_deregistered_region_is_refused() {
+    let (s, peer) = setup(88);
+    let local = buf(4096);
+    let mr = s.pd.reg_mr(&local, AccessFlags::LOCAL_WRITE).unwrap();
+    s.qp.post_send(&SendWr {
+        wr_id: 6,
+        op: SendOp::RdmaRead {
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        },
+        sg_list: &[mr.sge(0, 100)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let (req, _) = peer.expect();
+    assert_eq!(req.bth.opcode, Opcode::ReadRequest);
+    drop(mr);
+    let mut r = peer.req(Opcode::ReadResponseOnly, req.bth.psn, false);
+    r.aeth = Some(AethRepr {
+        syndrome: Syndrome::ACK,
+        msn: 1,
+    });
+    peer.send(r, &[0xee; 100]);
+    let wc = wait_wc(&s.scq, T);
+    assert_eq!((wc.wr_id, wc.status), (6, WcStatus::LocProtErr));
+    assert_eq!(contents(&local, 0, 100), vec![0; 100]);
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// `psns` must be `first, first + 1, ..` (`n` of them); the message names
+/// the first packet out of place instead of printing a thousand PSNs.
+fn assert_psns(psns: &[u32], first: u32, n: u32) {
+    let bad = (0..n as usize).find(|&i| psns.get(i) != Some(&(first + i as u32)));
+    assert!(
+        bad.is_none() && psns.len() == n as usize,
+        "{} READ responses before the next response, want {n}; first out of place at index {bad:?}: {:?}",
+        psns.len(),
+        bad.and_then(|i| psns.get(i))
+    );
+}
+
+impl Peer {
+    /// Room for a whole 1 MiB READ's responses (SO_RCVBUFFORCE needs root,
+    /// as the test suite runs; else as much as rmem_max allows). Returns
+    /// the READ length the buffer can hold without loss.
+    fn room_for_long_read(&self) -> u32 {
+        use rustix::net::sockopt;
+        let want = 4 << 20;
+        if sockopt::set_socket_recv_buffer_size_force(&self.sock, want).is_err() {
+            let _ = sockopt::set_socket_recv_buffer_size(&self.sock, want);
+        }
+        let got = socket2::SockRef::from(&self.sock)
+            .recv_buffer_size()
+            .unwrap_or(0);
+        // Each 1 KiB response costs about 2 KiB of socket buffer.
+        if got >= 3 << 20 {
+            1 << 20
+        } else {
+            128 << 10
+        }
+    }
+}
+
+/// Item 7 against the live device: a long READ (1 MiB, 1024 responses at
+/// MTU 1024, many service passes) pipelined with two SENDs. Every READ
+/// response leaves before any ACK (responses in PSN order, IBA §9.7.5.1.1),
+/// and the SENDs are acknowledged after it.
+#[test]
+fn long_read_pipelined_with_sends_keeps_psn_order() {
+    let (s, peer) = setup(89);
+    let len = peer.room_for_long_read();
+    let n = len / 1024;
+    let mem = buf(len as usize);
+    fill_pattern(&mem, 89);
+    let mr =
+        s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
+    for i in 0..2 {
+        s.qp.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: &[mr.sge(64 * i as usize, 64)],
+        })
+        .unwrap();
+    }
+    let mut rd = peer.req(Opcode::ReadRequest, 100, false);
+    rd.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: len,
+    });
+    peer.send(rd, &[]);
+    peer.send(peer.req(Opcode::SendOnly, 100 + n, true), b"one");
+    peer.send(peer.req(Opcode::SendOnly, 101 + n, true), b"two");
+    let mut got = Vec::new();
+    loop {
+        let (r, _) = peer.expect();
+        let done = r.bth.opcode == Opcode::Acknowledge && r.bth.psn == 101 + n;
+        got.push((r.bth.opcode, r.bth.psn, r.aeth.map(|a| a.syndrome)));
+        if done {
+            break;
+        }
+    }
+    let reads: Vec<u32> = got
+        .iter()
+        .take_while(|g| g.0 != Opcode::Acknowledge)
+        .map(|g| g.1)
+        .collect();
+    assert_psns(&reads, 100, n);
+    for g in &got[n as usize..] {
+        assert_eq!((g.0, g.2), (Opcode::Acknowledge, Some(Syndrome::ACK)));
+    }
+    peer.silence();
+    assert_eq!(s.qp.state(), QpState::Rts);
+}
+
+/// Item 7 against the live device: a long READ followed by a WRITE with an
+/// unknown R_Key. The READ is answered in full, then comes the NAK Remote
+/// Access Error for the WRITE, and only then is the QP in ERR.
+#[test]
+fn long_read_then_fatal_request_keeps_psn_order() {
+    let (s, peer) = setup(90);
+    let len = peer.room_for_long_read();
+    let n = len / 1024;
+    let mem = buf(len as usize);
+    let mr =
+        s.pd.reg_mr(
+            &mem,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
+        )
+        .unwrap();
+    let mut rd = peer.req(Opcode::ReadRequest, 100, false);
+    rd.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey(),
+        dma_len: len,
+    });
+    peer.send(rd, &[]);
+    let mut wr = peer.req(Opcode::WriteOnly, 100 + n, true);
+    wr.reth = Some(RethRepr {
+        va: mr.addr(),
+        rkey: mr.rkey() ^ 0x100,
+        dma_len: 4,
+    });
+    peer.send(wr, b"evil");
+    let mut reads = Vec::new();
+    let last = loop {
+        let (r, _) = peer.expect();
+        if r.bth.opcode == Opcode::Acknowledge {
+            break r;
+        }
+        reads.push(r.bth.psn);
+    };
+    assert_psns(&reads, 100, n);
+    assert_eq!(
+        ack_of(&last),
+        (
+            Opcode::Acknowledge,
+            100 + n,
+            Syndrome::NakRemoteAccessError,
+            1
+        )
+    );
+    peer.silence();
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+/// Item 8: a message must fit the PSN window. IBA compares PSNs in a 2^23
+/// window (CHECKLIST PSN-1); a 2 GiB message at path MTU 256 spans 2^23
+/// PSNs, so a retransmission could not find its place in it (a lost packet
+/// would hang the QP). post_send refuses messages of more than 2^22
+/// packets; 1 GiB at MTU 256 (2^22 packets) is still fine.
+#[test]
+fn messages_beyond_the_psn_window_are_refused() {
+    let (s, peer) = setup_mtu(91, Mtu::Mtu256);
+    let big = buf(1 << 31);
+    let mr = s.pd.reg_mr(&big, AccessFlags::LOCAL_WRITE).unwrap();
+    let ops = [
+        SendOp::RdmaRead {
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        },
+        SendOp::RdmaWrite {
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        },
+        SendOp::Send,
+    ];
+    for op in ops {
+        let r = s.qp.post_send(&SendWr {
+            wr_id: 1,
+            op,
+            sg_list: &[mr.sge(0, 1 << 31)],
+            flags: SendFlags::SIGNALED,
+        });
+        assert!(
+            matches!(r, Err(VerbsError::InvalidArgument(_))),
+            "{op:?} of 2 GiB at MTU 256: {r:?}"
+        );
+    }
+    peer.silence();
+    s.qp.post_send(&SendWr {
+        wr_id: 2,
+        op: ops[0],
+        sg_list: &[mr.sge(0, 1 << 30)],
+        flags: SendFlags::SIGNALED,
+    })
+    .unwrap();
+    let (r, _) = peer.expect();
+    assert_eq!(r.bth.opcode, Opcode::ReadRequest);
+    assert_eq!(r.reth.map(|x| x.dma_len), Some(1 << 30));
+}
+
+/// Item 8: every QP sends from a UDP source port of its own (not 4791),
+/// as Linux rxe does, so ECMP can spread QPs over paths; the destination
+/// stays 4791, and the port is stable for the QP. The peer's own packets
+/// come from an ephemeral port and are answered all the same (a RoCEv2
+/// receiver takes any source port).
+#[test]
+fn each_qp_sends_from_its_own_source_port() {
+    let (s, peer) = setup(92);
+    assert_ne!(peer.tx.local_addr().unwrap().port(), 4791);
+    let qp2 =
+        s.pd.create_qp(&QpInitAttr {
+            send_cq: s.scq.clone(),
+            recv_cq: s.rcq.clone(),
+            cap: Opts::default().cap,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    qp2.modify_to_init(&InitAttr::default()).unwrap();
+    qp2.modify_to_rtr(&RtrAttr {
+        path_mtu: Mtu::Mtu1024,
+        dest_qpn: PEER_QPN + 1,
+        rq_psn: 0,
+        ah: AddressHandle::to_gid(Gid::from_ip(IpAddr::V4(peer.me))),
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+    })
+    .unwrap();
+    qp2.modify_to_rts(&RtsAttr {
+        sq_psn: 0,
+        timeout: 16,
+        ..RtsAttr::default()
+    })
+    .unwrap();
+    let mem = buf(4096);
+    let mr = s.pd.reg_mr(&mem, AccessFlags::LOCAL_WRITE).unwrap();
+    let send = |qp: &Qp| {
+        qp.post_send(&SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: &[mr.sge(0, 16)],
+            flags: SendFlags::empty(),
+        })
+        .unwrap();
+        let (r, _, port) = peer.recv_from().expect("no packet from the DUT");
+        (r.bth.dest_qp, port)
+    };
+    let (q1, p1) = send(&s.qp);
+    let (q2, p2) = send(&qp2);
+    let (q1b, p1b) = send(&s.qp);
+    assert_eq!((q1, q2, q1b), (PEER_QPN, PEER_QPN + 1, PEER_QPN));
+    assert!(p1 != 4791 && p2 != 4791, "source ports {p1} {p2}");
+    assert_ne!(p1, p2, "two QPs share a source port");
+    assert_eq!(p1, p1b, "a QP changed its source port");
+    // The DUT takes our requests from an ephemeral port and answers to 4791.
+    peer.send(peer.req(Opcode::SendOnly, 100, true), b"x");
+    assert_eq!(
+        ack_of(&peer.expect().0),
+        (Opcode::Acknowledge, 100, Syndrome::RnrNak { timer: 3 }, 0)
+    );
 }

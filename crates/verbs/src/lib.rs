@@ -11,11 +11,19 @@
 //! `*Ops` traits; users only see the handles.
 //!
 //! Memory that an RNIC may read or write is allocated as an [`RdmaBuffer`]
-//! (page-aligned, zeroed, shared with the provider). Work requests name
-//! memory the ibverbs way: by virtual address, length and lkey ([`Sge`]).
+//! (page-aligned, zeroed, shared with the provider; every access is atomic
+//! word by word, so it stays sound whatever peers and threads do). Work
+//! requests name memory the ibverbs way: by address, length and lkey
+//! ([`Sge`]), where the address is the region's I/O virtual address
+//! ([`Mr::addr`]), chosen by the provider and unrelated to where the buffer
+//! lies in the process.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod error;
+pub mod event;
 pub mod mem;
+pub mod netdev;
 pub mod provider;
 pub mod qp;
 pub mod types;
@@ -23,13 +31,14 @@ pub mod wc;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
+pub use event::EventFd;
 pub use mem::RdmaBuffer;
 pub use provider::wait_on_event_fd;
 pub use provider::{
     CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,
-    Qp, QpOps,
+    Qp, QpInitAttr, QpOps,
 };
-pub use qp::{AddressHandle, InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+pub use qp::{AddressHandle, InitAttr, QpCap, QpState, RtrAttr, RtsAttr};
 pub use types::{psn_add, psn_diff, AccessFlags, Gid, Mac, Mtu, PSN_MASK, QPN_MASK};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};

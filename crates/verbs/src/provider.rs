@@ -8,13 +8,13 @@
 
 use std::any::Any;
 use std::net::IpAddr;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::mem::RdmaBuffer;
-use crate::qp::{InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+use crate::qp::{InitAttr, QpCap, QpState, RtrAttr, RtsAttr};
 use crate::types::{AccessFlags, Gid, Mac, Mtu};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
@@ -30,6 +30,14 @@ pub trait Provider: Send + Sync {
     fn device_for(&self, local: IpAddr) -> Result<Device>;
     /// Devices opened so far.
     fn devices(&self) -> Vec<Device>;
+    /// `Some(name)` when this provider's devices speak a transport that only peers
+    /// configured for the same private extension understand (e.g. SMC-R over iWARP, which
+    /// RFC 7609 does not define): the SMC-R layer then never offers them on the strength
+    /// of the TCP option alone, only to peers it was told opted in too. `None` (the
+    /// default) for RoCE.
+    fn private_transport(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Device attributes (ibverbs `ibv_device_attr` + port attributes, reduced
@@ -137,8 +145,11 @@ impl std::fmt::Debug for Device {
 
 /// Provider side of a protection domain.
 pub trait PdOps: Send + Sync {
-    /// Registers `len` bytes of `buf` starting at `offset`. The region's
-    /// I/O virtual address is `buf.addr() + offset`.
+    /// Registers `len` bytes of `buf` starting at `offset`. The provider
+    /// chooses the region's I/O virtual address ([`MrOps::addr`]; as with
+    /// `ibv_reg_mr_iova`), which must not be the buffer's address in the
+    /// process and must keep `offset`'s alignment within a page (8-byte
+    /// aligned atomic targets).
     fn reg_mr(
         &self,
         buf: Arc<RdmaBuffer>,
@@ -196,7 +207,8 @@ pub trait MrOps: Send + Sync {
     fn lkey(&self) -> u32;
     /// Remote key (for peers' RDMA requests).
     fn rkey(&self) -> u32;
-    /// I/O virtual address of the first byte.
+    /// I/O virtual address of the first byte: the address space of this
+    /// region's SGEs and of peers' RDMA requests (not a process address).
     fn addr(&self) -> u64;
     /// Length in bytes.
     fn len(&self) -> usize;
@@ -223,7 +235,11 @@ impl Mr {
     pub fn rkey(&self) -> u32 {
         self.0.rkey()
     }
-    /// I/O virtual address of the first byte.
+    /// I/O virtual address of the first byte: what local SGEs ([`Mr::sge`])
+    /// and peers (RDMA WRITE/READ/atomic `remote_addr`, SMC-R's advertised
+    /// RMB address) use. Chosen by the provider at registration, never the
+    /// buffer's address in the process, so handing it to a peer reveals
+    /// nothing of our address-space layout.
     pub fn addr(&self) -> u64 {
         self.0.addr()
     }
@@ -288,7 +304,7 @@ pub trait CqOps: Send + Sync {
     fn req_notify(&self, solicited_only: bool);
     /// A file descriptor (eventfd) that is readable after the CQ fired and
     /// until [`CqOps::ack_events`].
-    fn event_fd(&self) -> RawFd;
+    fn event_fd(&self) -> BorrowedFd<'_>;
     /// Clears the readable state of the event fd.
     fn ack_events(&self);
     /// Installs (or removes) the handler called when the CQ fires.
@@ -328,7 +344,7 @@ impl Cq {
         self.0.req_notify(solicited_only)
     }
     /// The event fd (readable after the CQ fired).
-    pub fn event_fd(&self) -> RawFd {
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
         self.0.event_fd()
     }
     /// Acknowledges fired events.
@@ -359,32 +375,32 @@ pub fn wait_on_event_fd(cq: &dyn CqOps, timeout: Option<Duration>) -> Result<boo
         if cq.pending() > 0 {
             return Ok(true);
         }
-        let wait_ms = match deadline {
-            None => -1,
+        let rest = match deadline {
+            None => None,
             Some(d) => {
                 let now = Instant::now();
                 if now >= d {
                     return Ok(false);
                 }
-                // Round up so a sub-millisecond rest does not spin.
-                (d - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+                Some(d - now)
             }
         };
-        let mut pfd = libc::pollfd {
-            fd: cq.event_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is a valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e.into());
-            }
-        }
+        crate::event::wait_readable(cq.event_fd(), rest)?;
         cq.ack_events();
     }
+}
+
+/// Creation attributes of a reliable-connected QP.
+#[derive(Clone)]
+pub struct QpInitAttr {
+    /// CQ for send completions.
+    pub send_cq: Cq,
+    /// CQ for receive completions.
+    pub recv_cq: Cq,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Signal every send work request, regardless of `SIGNALED`.
+    pub sq_sig_all: bool,
 }
 
 /// Provider side of an RC queue pair.

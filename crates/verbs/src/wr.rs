@@ -1,11 +1,13 @@
 //! Work requests (ibverbs `ibv_send_wr` / `ibv_recv_wr`).
 
-/// A scatter/gather element: `length` bytes at virtual address `addr`, inside
-/// the memory region whose local key is `lkey`.
+/// A scatter/gather element: `length` bytes at I/O virtual address `addr`,
+/// inside the memory region whose local key is `lkey` (as with regions
+/// registered by `ibv_reg_mr_iova`, the address is in the region's I/O
+/// virtual address space, [`crate::Mr::addr`], not a process address).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sge {
-    /// Virtual address (as returned by [`crate::RdmaBuffer::addr`] plus an
-    /// offset).
+    /// I/O virtual address ([`crate::Mr::addr`] plus an offset; see
+    /// [`crate::Mr::sge`]).
     pub addr: u64,
     /// Length in bytes.
     pub length: u32,

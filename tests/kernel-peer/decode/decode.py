@@ -59,7 +59,11 @@ FIELDS = [
     "smc.confirm.first.contact", "smc.peer.diag.info", "smc.llc_msg", "smc.rmbe.ctrl.seqno",
     "smcv2llc.type", "smcv2llc.flags", "smcv2llc.length_big_endian", "infiniband.bth.opcode",
     "_ws.malformed", "infiniband.bth.destqp", "infiniband.bth.psn",
+    "iwarp_mpa.rev", "iwarp_mpa.ulpdulength", "iwarp_rdma.opcode",
 ]
+RDMAP_OPCODES = {0: "RDMAP_Write", 1: "RDMAP_Read_Request", 2: "RDMAP_Read_Response",
+                 3: "RDMAP_Send", 4: "RDMAP_Send_Invalidate", 5: "RDMAP_Send_SE",
+                 6: "RDMAP_Send_SE_Invalidate", 7: "RDMAP_Terminate"}
 
 
 def tshark(args, out=None):
@@ -93,6 +97,7 @@ def census(capture):
         "first_contact": collections.Counter(), "decline_diag": collections.Counter(),
         "llc": collections.Counter(), "llc_length_big_endian": 0,
         "ib_opcodes": collections.Counter(), "retransmitted": 0,
+        "iwarp_frames": 0, "iwarp": collections.Counter(),
     }
     testlink = []  # (src, dst, is_response)
     seen_psn = set()
@@ -101,7 +106,15 @@ def census(capture):
         if len(f) < len(FIELDS):
             f += [""] * (len(FIELDS) - len(f))
         (num, src, dst, tflags, exid, exdata, clc, pfc, cfc, diag, llc1, cdcseq,
-         llc2, llc2flags, llc2be, opcode, malformed, destqp, psn) = f[:len(FIELDS)]
+         llc2, llc2flags, llc2be, opcode, malformed, destqp, psn,
+         mpa_rev, ulpdu_len, rdmap_op) = f[:len(FIELDS)]
+        if mpa_rev or ulpdu_len:
+            c["iwarp_frames"] += 1
+            if mpa_rev:
+                c["iwarp"]["MPA_Request/Reply rev %s %s>%s" % (mpa_rev, src, dst)] += 1
+            for op in rdmap_op.split(","):
+                if as_int(op) is not None:
+                    c["iwarp"][RDMAP_OPCODES.get(as_int(op), "RDMAP_%s" % op)] += 1
         c["frames"] += 1
         d = "%s>%s" % (src, dst)
         if malformed:

@@ -11,7 +11,7 @@
  * README.md documents them. Human-oriented chatter goes to stderr.
  *
  * Commands (arguments are key=value words):
- *   kpeer rxe-add name=rxe0 netdev=eth0     create a soft-RoCE device
+ *   kpeer rxe-add name=rxe0 netdev=eth0 [type=rxe|siw]  create a soft-RoCE (or siw) device
  *   kpeer ueid-add ueid=NAME                add a User EID (SMC-Rv2 needs one)
  *   kpeer ueid-list
  *   kpeer diag                              one line per AF_SMC socket
@@ -345,6 +345,7 @@ static int cmd_rxe_add(int argc, char **argv)
 {
 	const char *name = arg(argc, argv, "name", "rxe0");
 	const char *ndev = arg(argc, argv, "netdev", "eth0");
+	const char *type = arg(argc, argv, "type", "rxe");
 	struct nlbuf r;
 	int fd = nl_open(NETLINK_RDMA), rc;
 
@@ -356,12 +357,12 @@ static int cmd_rxe_add(int argc, char **argv)
 	r.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
 	r.nlh.nlmsg_seq = 3;
 	nl_put(&r.nlh, RDMA_NLDEV_ATTR_DEV_NAME, name, strlen(name) + 1);
-	nl_put(&r.nlh, RDMA_NLDEV_ATTR_LINK_TYPE, "rxe", 4);
+	nl_put(&r.nlh, RDMA_NLDEV_ATTR_LINK_TYPE, type, strlen(type) + 1);
 	nl_put(&r.nlh, RDMA_NLDEV_ATTR_NDEV_NAME, ndev, strlen(ndev) + 1);
 	rc = nl_talk(fd, &r.nlh, NULL, NULL);
 	close(fd);
 	if (rc < 0) {
-		fprintf(stderr, "kpeer: rxe-add %s on %s: %s\n", name, ndev, strerror(-rc));
+		fprintf(stderr, "kpeer: rxe-add %s (%s) on %s: %s\n", name, type, ndev, strerror(-rc));
 		return 1;
 	}
 	return 0;

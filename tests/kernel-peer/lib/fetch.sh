@@ -14,7 +14,7 @@ HOST_TOOLS="qemu-system-x86_64:qemu-system-x86 nsenter:util-linux ip:iproute2
 
 # Packages unpacked for the VM (besides the kernel)
 VM_DEBS="busybox-static ibverbs-utils perftest libibverbs1 ibverbs-providers
-	librdmacm1 libibumad3 libpci3 libnl-3-200 libnl-route-3-200"
+	librdmacm1 libibumad3 libpci3 libnl-3-200 libnl-route-3-200 rdmacm-utils"
 
 # newest GLOB: the last match in version order, or nothing
 newest() {
@@ -137,5 +137,29 @@ resolve_userland() {
 			dpkg-deb -x "$d" "$UROOT" || die "$EXIT_INFRA" "dpkg-deb -x $d failed"
 		done
 		touch "$UROOT/.complete"
+	fi
+}
+
+# RDMA_DEV=siw: Debian's kernels do not build siw (CONFIG_RDMA_SIW is not set), so
+# image.sh compiles siw.ko from the matching linux-source package against the matching
+# linux-headers. Both are host packages (scripts/setup.sh installs linux-source-6.12).
+ensure_siw_build_deps() {
+	local src hdr need="" p
+	src=linux-source-$(echo "$KVER" | cut -d. -f1-2)
+	hdr=linux-headers-$KVER
+	for p in "$src" "$hdr" make gcc; do
+		dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
+	done
+	SIW_SRC_TAR=/usr/src/$src.tar.xz
+	SIW_KBUILD=/usr/src/linux-headers-$KVER
+	[ -n "$need" ] || return 0
+	[ "$NO_INSTALL" = 1 ] && cannot_run "siw needs host packages:$need (NO_INSTALL=1)"
+	log "installing host packages for the siw build:$need"
+	# shellcheck disable=SC2086
+	if ! apt_env apt-get install -y -q --no-install-recommends $need >"$OUT/apt-siw.log" 2>&1; then
+		apt_env apt-get update -q >>"$OUT/apt-siw.log" 2>&1 || true
+		# shellcheck disable=SC2086
+		apt_env apt-get install -y -q --no-install-recommends $need >>"$OUT/apt-siw.log" 2>&1 ||
+			cannot_run "apt-get install$need failed (see $OUT/apt-siw.log)"
 	fi
 }

@@ -6,9 +6,12 @@
 SERVER_IP=10.44.0.1
 CLIENT_IP=10.44.0.2
 PEER_IP=10.44.0.3
+# mode peer-host: HOST_CMD in the namespace (PEER_CMD runs in VM "guest" at PEER_IP)
+HOST_IP=10.44.0.4
 NET_PREFIX=24
 SERVER_MAC=52:54:00:44:00:01
 CLIENT_MAC=52:54:00:44:00:02
+GUEST_MAC=52:54:00:44:00:03
 
 # Run a command in the namespace. Background processes are started with a
 # plain `nsenter ... &` instead, so that $! is the process itself (nsenter
@@ -27,7 +30,9 @@ setup_net() {
 	ip -n "$NS" link set lo up
 	ip -n "$NS" link add br0 type bridge stp_state 0 forward_delay 0 mcast_snooping 0 ||
 		cannot_run "cannot create a bridge in a network namespace"
-	for t in tap0 tap1; do
+	local taps="tap0 tap1"
+	[ "$PEER_VM" = 1 ] && taps="$taps tap2"
+	for t in $taps; do
 		ip -n "$NS" tuntap add dev "$t" mode tap || cannot_run "cannot create tap devices"
 		ip -n "$NS" link set "$t" master br0
 		ip -n "$NS" link set "$t" up
@@ -35,7 +40,8 @@ setup_net() {
 	ip -n "$NS" link set br0 up
 	case "$MODE" in
 	*-pair) ;;
-	*) ip -n "$NS" addr add "$PEER_IP/$NET_PREFIX" dev br0 ;;
+	peer-host) ip -n "$NS" addr add "$HOST_IP/$NET_PREFIX" dev br0 ;;
+	*) [ "$PEER_VM" = 1 ] || ip -n "$NS" addr add "$PEER_IP/$NET_PREFIX" dev br0 ;;
 	esac
 }
 
@@ -213,9 +219,14 @@ export_peer_env() {
 	mkdir -p "$OUT/peer"
 }
 
-# start_peer STEP: run PEER_CMD in the namespace, in its own process group
+# start_peer STEP: run PEER_CMD in the namespace, in its own process group (or, with
+# PEER_VM=1, boot VM "guest" that runs it)
 start_peer() {
 	local step=$1
+	if [ "$PEER_VM" = 1 ]; then
+		start_peer_vm "$step"
+		return
+	fi
 	rm -f "$KPEER_DONE_FILE"
 	log "PEER_CMD ($step): $PEER_CMD"
 	setsid nsenter --net="/run/netns/$NS" -- bash -c "$PEER_CMD" >>"$OUT/peer/peer.log" 2>&1 </dev/null &
@@ -229,6 +240,10 @@ start_peer() {
 stop_peer() {
 	local grace=$1 rc how=exited
 	[ -n "${PEER_PID:-}" ] || return 0
+	if [ "$PEER_VM" = 1 ]; then
+		stop_peer_vm "$grace"
+		return
+	fi
 	if ! wait_gone "$PEER_PID" "$grace"; then
 		how=terminated
 		kill -TERM -- "-$PEER_PID" 2>/dev/null || true
@@ -244,7 +259,118 @@ stop_peer() {
 	PEER_PID=
 }
 
-# peer_listening PORT: is a TCP socket listening on PORT in the namespace?
+# peer_listening PORT: is a TCP socket listening on PORT in the namespace (in VM guest)?
 peer_listening() {
+	if [ "$PEER_VM" = 1 ]; then
+		# the VM's result line: "KPEER peer-listening vm=guest port=N"
+		vm_wait guest "peer-listening vm=guest port=$1( |$)" 1 0
+		return
+	fi
 	in_ns ss -Hltn "sport = :$1" 2>/dev/null | grep -q .
+}
+
+# peer_alive: is PEER_CMD still running?
+peer_alive() {
+	if [ "$PEER_VM" = 1 ]; then
+		alive "$(vm_pid guest)" && ! vm_wait guest 'peer-exit ' 1 0
+		return
+	fi
+	alive "$PEER_PID"
+}
+
+# peer_done: did PEER_CMD create $KPEER_DONE_FILE?
+peer_done() {
+	if [ "$PEER_VM" = 1 ]; then
+		vm_wait guest 'peer-done' 1 0
+		return
+	fi
+	[ -e "$KPEER_DONE_FILE" ]
+}
+
+# ------------------------------------------------------------- PEER_CMD in a VM
+
+# The guest's /peer: env (KPEER_*, SMC_* and RUST_* variables), cmd (PEER_CMD) and
+# the files of PEER_FILES, plus the shared libraries those need (resolved on this host:
+# the VM's userland is this Debian release's, see lib/image.sh).
+peer_vm_layer() {
+	local d=$OUT/guest f l kv name
+	rm -rf "$d/layer"
+	mkdir -p "$d/layer/peer"
+	env | grep -E '^(KPEER|SMC|RUST)_[A-Za-z0-9_]*=' |
+		grep -v -E '^KPEER_(DONE_FILE|LOGDIR|OUT|REPO|DIR|NETNS|IFACE)=' |
+		while IFS= read -r kv; do
+			case "$kv" in *"'"*) continue ;; esac
+			printf "export %s='%s'\n" "${kv%%=*}" "${kv#*=}"
+		done >"$d/layer/peer/env"
+	printf 'export KPEER_IFACE=eth0\n' >>"$d/layer/peer/env"
+	printf '%s\n' "$PEER_CMD" >"$d/layer/peer/cmd"
+	for f in $PEER_FILES; do
+		[ -f "$f" ] || die "$EXIT_USAGE" "PEER_FILES: $f is not a file"
+		name=$(basename "$f")
+		cp -L "$f" "$d/layer/peer/$name"
+		ldd "$f" >/dev/null 2>&1 || continue
+		for l in $(ldd "$f" | awk '/=> \// { print $3 } /^[ \t]*\/lib64\// { print $1 }' | sort -u); do
+			mkdir -p "$d/layer$(dirname "$l")"
+			cp -L "$l" "$d/layer$l"
+		done
+	done
+}
+
+start_peer_vm() {
+	local step=$1
+	log "PEER_CMD ($step) in VM guest: $PEER_CMD"
+	peer_vm_layer
+	write_conf "$OUT/guest" KP_VM=guest KP_ROLE=peer KP_IP="$PEER_IP/$NET_PREFIX" \
+		KP_PEER="${KPEER_PEER_IP:-}" KP_PORT="$PORT" KP_IOTIMEOUT="$IOTIMEOUT"
+	boot_vm guest tap2 "$GUEST_MAC"
+	PEER_PID=guest-vm
+	PEER_STEP=$step
+}
+
+stop_peer_vm() {
+	local grace=$1 rc=255 how=killed line
+	if ! vm_wait guest 'peer-exit ' 1 "$grace"; then
+		vm_ctl guest term || true
+		vm_wait guest 'peer-exit ' 1 20 || true
+	fi
+	line=$(grep -a -m1 '^KPEER peer-exit ' "$OUT/guest/results.log" 2>/dev/null || true)
+	if [ -n "$line" ]; then
+		rc=$(sed -n 's/.* rc=\([0-9]*\).*/\1/p' <<<"$line")
+		how=$(sed -n 's/.* how=\([a-z]*\).*/\1/p' <<<"$line")
+		vm_ctl guest stop || true
+		vm_finish guest
+	else
+		vm_abort guest
+	fi
+	grep -a '^KPEER-OUT peer ' "$OUT/guest/results.log" 2>/dev/null | sed 's/^KPEER-OUT peer //' >>"$OUT/peer/peer.log"
+	printf '%s\t%s\t%s\n' "$PEER_STEP" "${rc:-255}" "${how:-killed}" >>"$OUT/peer/steps.tsv"
+	log "PEER_CMD ($PEER_STEP) in VM guest $how, exit status ${rc:-255}"
+	PEER_PID=
+}
+
+# HOST_CMD (mode peer-host): like PEER_CMD, in the namespace at HOST_IP
+start_host() {
+	log "HOST_CMD: $HOST_CMD"
+	KPEER_LOCAL_IP=$HOST_IP KPEER_PEER_IP=$PEER_IP setsid nsenter --net="/run/netns/$NS" -- \
+		bash -c "$HOST_CMD" >>"$OUT/peer/host.log" 2>&1 </dev/null &
+	HOST_PID=$!
+	register_pgid "$HOST_PID"
+}
+
+stop_host() {
+	local grace=$1 rc how=exited
+	[ -n "${HOST_PID:-}" ] || return 0
+	if ! wait_gone "$HOST_PID" "$grace"; then
+		how=terminated
+		kill -TERM -- "-$HOST_PID" 2>/dev/null || true
+		if ! wait_gone "$HOST_PID" 10; then
+			how=killed
+			kill -KILL -- "-$HOST_PID" 2>/dev/null || true
+		fi
+	fi
+	rc=0
+	wait "$HOST_PID" 2>/dev/null || rc=$?
+	printf 'host\t%s\t%s\n' "$rc" "$how" >>"$OUT/peer/steps.tsv"
+	log "HOST_CMD $how, exit status $rc"
+	HOST_PID=
 }

@@ -1,7 +1,8 @@
 //! `smc rdma bench`: RDMA WRITE throughput and SEND/RECV ping-pong latency between two
 //! softroce devices on loopback (127.0.0.1 ↔ 127.0.0.2 by default, one process, one thread
 //! per side), printed beside kernel TCP over loopback for the same message sizes, measured in
-//! the same run. The targets of issue 3 (WRITE throughput ≥ 0.5× TCP at 64 KiB, ping-pong
+//! the same run, and beside the software iWARP RNIC (`smc-iwarp`, two endpoints over
+//! loopback TCP, see [`super::iwbench`]) unless `--no-iwarp`. The targets of issue 3 (WRITE throughput ≥ 0.5× TCP at 64 KiB, ping-pong
 //! latency ≤ 1.5× TCP) are reported as met or not met; nothing here asserts on speed.
 
 use std::io::{Read, Write};
@@ -47,6 +48,9 @@ pub struct Args {
     /// Bytes of RDMA WRITEs kept outstanding.
     #[arg(long, default_value_t = 4 << 20)]
     pub window: usize,
+    /// Leave out the software iWARP RNIC's column.
+    #[arg(long = "no-iwarp")]
+    pub no_iwarp: bool,
 }
 
 const MAX_WR: u32 = 128;
@@ -353,6 +357,12 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
     // Room for `window` bytes of distinct source/target slots of the largest size.
     let len = (args.window.max(2 * max)).next_multiple_of(max);
     let (a, mut b) = pair(args, len)?;
+    let mut iw = if args.no_iwarp {
+        None
+    } else {
+        Some(super::iwbench::pair(args.a, args.b, len.max(2 * max))?)
+    };
+    let iw_col = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
     println!(
         "softroce {} ({}) -> {} ({}), path MTU {}; kernel TCP over 127.0.0.1; best of {} x {:.1} s, alternating",
         a.device.name(),
@@ -366,52 +376,68 @@ pub fn run(args: &Args) -> Result<(), RdmaError> {
     println!();
     println!("RDMA WRITE throughput");
     println!(
-        "{:>9}  {:>14}  {:>14}  {:>7}",
-        "size", "softroce MB/s", "TCP MB/s", "ratio"
+        "{:>9}  {:>14}  {:>14}  {:>7}  {:>12}  {:>7}",
+        "size", "softroce MB/s", "TCP MB/s", "ratio", "iWARP MB/s", "ratio"
     );
     let mut at64k = None;
     for &size in &args.sizes {
-        let (mut r, mut t) = (0f64, 0f64);
+        let (mut r, mut t, mut w) = (0f64, 0f64, None::<f64>);
         for _ in 0..args.trials {
             r = r.max(rdma_write(&a, &b, size, dur, args.window)?);
             t = t.max(tcp_stream(size, dur)?);
+            if let Some((ia, ib)) = &iw {
+                let x = super::iwbench::write_bw(ia, ib, size, dur, args.window)?;
+                w = Some(w.map_or(x, |y| y.max(x)));
+            }
         }
         let ratio = r / t;
         if size == 65536 {
             at64k = Some(ratio);
         }
         println!(
-            "{:>9}  {:>14.1}  {:>14.1}  {:>6.2}x",
+            "{:>9}  {:>14.1}  {:>14.1}  {:>6.2}x  {:>12}  {:>7}",
             human(size),
             r / 1e6,
             t / 1e6,
-            ratio
+            ratio,
+            iw_col(w.map(|x| x / 1e6)),
+            w.map_or("-".into(), |x| format!("{:.2}x", x / t))
         );
     }
     println!();
     println!("SEND/RECV ping-pong round trip");
     println!(
-        "{:>9}  {:>14}  {:>14}  {:>7}",
-        "size", "softroce us", "TCP us", "ratio"
+        "{:>9}  {:>14}  {:>14}  {:>7}  {:>12}  {:>7}",
+        "size", "softroce us", "TCP us", "ratio", "iWARP us", "ratio"
     );
     let mut lat = Vec::new();
     let recv_len = args.lat_sizes.iter().copied().max().unwrap_or(64);
     for &size in &args.lat_sizes {
-        let (mut r, mut t) = (Duration::MAX, Duration::MAX);
+        let (mut r, mut t, mut w) = (Duration::MAX, Duration::MAX, None::<Duration>);
         for _ in 0..args.trials {
             let (x, back) = rdma_pingpong(&a, b, size, recv_len, dur, args.busy_poll)?;
             b = back;
             r = r.min(x);
             t = t.min(tcp_pingpong(size, dur)?);
+            if let Some((ia, ib)) = iw.take() {
+                let (x, back) = super::iwbench::pingpong(&ia, ib, size, recv_len, dur)?;
+                iw = Some((ia, back));
+                w = Some(w.map_or(x, |y| y.min(x)));
+            }
         }
         let ratio = r.as_secs_f64() / t.as_secs_f64();
         lat.push(ratio);
         println!(
-            "{:>9}  {:>14.1}  {:>14.1}  {:>6.2}x",
+            "{:>9}  {:>14.1}  {:>14.1}  {:>6.2}x  {:>12}  {:>7}",
             human(size),
             r.as_secs_f64() * 1e6,
             t.as_secs_f64() * 1e6,
-            ratio
+            ratio,
+            iw_col(w.map(|x| x.as_secs_f64() * 1e6)),
+            w.map_or("-".into(), |x| format!(
+                "{:.2}x",
+                x.as_secs_f64() / t.as_secs_f64()
+            ))
         );
     }
     println!();

@@ -166,12 +166,13 @@ impl Endpoint {
     }
 }
 
-/// The softroce device bound to `local` (configured from the environment:
-/// `SMC_RS_SOFTROCE_FAULTS` etc., see `smc_softroce::Config::from_env`).
+/// The device serving `local` from the provider `SMC_RS_PROVIDER` selects (auto: a
+/// libibverbs device whose RoCEv2 GID is `local`, else a softroce device configured from
+/// the environment: `SMC_RS_SOFTROCE_FAULTS` etc., see `smc_softroce::Config::from_env`).
 #[cfg(feature = "softroce")]
 fn open_device(local: IpAddr) -> Result<Device, RdmaError> {
-    let config = smc_softroce::Config::from_env();
-    Ok(smc_softroce::open_device(local, &config)?)
+    let sel = smc_providers::selection_from_env().map_err(RdmaError::Usage)?;
+    Ok(smc_providers::open_device(sel, local)?)
 }
 
 #[cfg(not(feature = "softroce"))]

@@ -9,12 +9,21 @@
 //!   external decoders) and checks every result.
 //! - [`transfer`]: bulk RDMA WRITE + SEND transfer between two hosts or namespaces with
 //!   SHA-256 verification on both ends (the lossy-link test).
+//! - [`rping`]: rdma-core's `rping` (buffer exchange over SEND, RDMA READ and WRITE) over
+//!   the software iWARP RNIC (`--provider iwarp`), either role, against Linux siw.
+//! - [`perftest`]: perftest's `ib_send_bw` / `ib_write_bw` / `ib_read_bw` in rdma_cm mode
+//!   (`-R`) over the software iWARP RNIC, either role, against Linux siw.
 
 pub mod bench;
+pub mod conformance;
+pub mod devices;
 pub mod endpoint;
+pub mod iwbench;
 pub mod oob;
 pub mod pattern;
+pub mod perftest;
 pub mod pingpong;
+pub mod rping;
 pub mod selftest;
 pub mod transfer;
 pub mod writetest;
@@ -83,14 +92,31 @@ pub enum RdmaCommand {
     Selftest(selftest::Args),
     /// Bulk RDMA WRITE + SEND transfer with SHA-256 checks on both ends.
     Transfer(transfer::Args),
+    /// rping (rdma-core) over the software iWARP RNIC: SEND buffer exchange, RDMA READ and
+    /// WRITE, every ping verified; pairs with `rping -s` / `rping -c` on Linux siw.
+    Rping(rping::Args),
+    /// perftest's ib_send_bw / ib_write_bw / ib_read_bw in rdma_cm mode (-R) over the
+    /// software iWARP RNIC; pairs with `ib_<verb>_bw -R` on Linux siw (either role).
+    Perftest(perftest::Args),
     /// Print which RDMA provider this build has (exit 1 without one).
     Info,
+    /// List RDMA devices (sysfs + libibverbs), their ports and GID tables, and which
+    /// provider SMC_RS_PROVIDER gives an address (like ibv_devices / rdma link).
+    Devices(devices::Args),
+    /// Run the provider-independent verbs conformance suite on the selected provider.
+    Conformance(conformance::Args),
 }
 
 /// `smc rdma info`.
 fn info() -> Result<(), RdmaError> {
+    println!("provider: iwarp (software iWARP RNIC: RDMAP/DDP/MPA over TCP, RFC 6581)");
     if cfg!(feature = "softroce") {
         println!("provider: softroce (software RoCEv2 RNIC over UDP 4791)");
+        println!("provider: ibverbs (RDMA NICs through libibverbs, loaded at run time)");
+        match smc_providers::selection_from_env() {
+            Ok(s) => println!("selection: {}={s}", smc_providers::ENV),
+            Err(e) => return Err(RdmaError::Usage(e)),
+        }
         Ok(())
     } else {
         Err(RdmaError::NoProvider(
@@ -107,7 +133,11 @@ pub fn command(cmd: &RdmaCommand) -> ExitCode {
         RdmaCommand::Bench(a) => ("bench", bench::run(a)),
         RdmaCommand::Selftest(a) => ("selftest", selftest::run(a)),
         RdmaCommand::Transfer(a) => ("transfer", transfer::run(a)),
+        RdmaCommand::Rping(a) => ("rping", rping::run(a)),
+        RdmaCommand::Perftest(a) => ("perftest", perftest::run(a)),
         RdmaCommand::Info => ("info", info()),
+        RdmaCommand::Devices(a) => ("devices", devices::run(a)),
+        RdmaCommand::Conformance(a) => ("conformance", conformance::run(a)),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -400,26 +400,17 @@ fn each_addr<A: ToSocketAddrs, T>(
 /// `SIOCATMARK` (asm-generic/sockios.h; not in the libc crate).
 const SIOCATMARK: libc::Ioctl = 0x8905;
 
-fn oob_send(fd: i32, byte: u8) -> io::Result<()> {
-    // SAFETY: sends one byte from a valid local variable on a socket we own.
-    let r = unsafe { libc::send(fd, (&byte as *const u8).cast(), 1, libc::MSG_OOB) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+fn oob_send(s: &TcpStream, byte: u8) -> io::Result<()> {
+    socket2::SockRef::from(s).send_out_of_band(&[byte])?;
+    Ok(())
 }
 
-fn oob_recv(fd: i32) -> io::Result<u8> {
-    let mut b = 0u8;
-    // SAFETY: receives at most one byte into a valid local variable.
-    let r = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_OOB) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else if r == 0 {
-        Err(io::Error::new(ErrorKind::InvalidInput, "no urgent data"))
-    } else {
-        Ok(b)
+fn oob_recv(s: &TcpStream) -> io::Result<u8> {
+    let mut b = [std::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(s).recv_out_of_band(&mut b)? {
+        0 => Err(io::Error::new(ErrorKind::InvalidInput, "no urgent data")),
+        // SAFETY: recv reported one byte written into `b`.
+        _ => Ok(unsafe { b[0].assume_init() }),
     }
 }
 
@@ -571,7 +562,7 @@ impl SmcStream {
     pub fn send_urgent(&self, byte: u8) -> io::Result<()> {
         match &self.inner {
             Inner2::Smc(h) => h.send_urgent(byte),
-            Inner2::Tcp(s, _) => oob_send(s.as_raw_fd(), byte),
+            Inner2::Tcp(s, _) => oob_send(s, byte),
         }
     }
 
@@ -580,7 +571,7 @@ impl SmcStream {
     pub fn recv_urgent(&self) -> io::Result<u8> {
         match &self.inner {
             Inner2::Smc(h) => h.recv_urgent(),
-            Inner2::Tcp(s, _) => oob_recv(s.as_raw_fd()),
+            Inner2::Tcp(s, _) => oob_recv(s),
         }
     }
 

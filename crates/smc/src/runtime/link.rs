@@ -7,7 +7,7 @@
 //! their connection ([`wr_cdc`]), LLC SENDs the llc machine's `SendId`.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
@@ -45,6 +45,11 @@ const CTL_SLOT: usize = 64;
 const CTL_SLOTS: usize = 4096;
 /// Send slots a transmit needs at most: three RDMA WRITEs and the CDC.
 pub(crate) const TX_SLOTS: i64 = 4;
+/// LLC messages of one link waiting for the event thread at most. A peer has a few LLC
+/// exchanges in flight at a time (RFC 7609 §3.5.5.3 serializes them); a flood beyond this
+/// is dropped on arrival, so it costs no memory and no event-thread time that other link
+/// groups need (issue 10 item 9).
+pub(crate) const MAX_LLC_QUEUED: usize = 32;
 
 const KIND_SHIFT: u32 = 60;
 const KIND_WRITE: u64 = 1;
@@ -103,6 +108,8 @@ pub(crate) struct LinkRes {
     waiters: Mutex<VecDeque<Weak<ConnShared>>>,
     /// A receive completion arrived since the event thread last looked (TEST LINK).
     pub activity: AtomicBool,
+    /// LLC messages of this link in the event thread's inbox ([`MAX_LLC_QUEUED`]).
+    pub llc_queued: AtomicUsize,
     /// Destroyed or failed: no more posting or reposting.
     pub dead: AtomicBool,
     /// Large LLC messages (SMC-Rv2) sent from registered memory until their completion.
@@ -171,6 +178,7 @@ impl LinkRes {
             send_free: AtomicI64::new(i64::from(SEND_WR)),
             waiters: Mutex::new(VecDeque::new()),
             activity: AtomicBool::new(false),
+            llc_queued: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             big_sends: Mutex::new(Vec::new()),
             handler_lock: Mutex::new(()),
@@ -450,7 +458,7 @@ impl LinkRes {
             KIND_CDC => {
                 let token = ((wc.wr_id >> 16) & 0xFFFF_FFFF) as u32;
                 let seq = (wc.wr_id & 0xFFFF) as u16;
-                if let Some(c) = stack.conn_by_token(token) {
+                if let Some(c) = stack.conn_by_token(token, self.lgr) {
                     c.on_cdc_complete(seq, ok);
                 }
             }
@@ -478,8 +486,18 @@ impl LinkRes {
     fn on_recv(self: &Arc<Self>, stack: &Arc<Inner>, wc: &WorkCompletion) {
         let slot = (wc.wr_id & 0xFFFF_FFFF) as u32;
         if wc.status != WcStatus::Success {
-            if wc.status != WcStatus::WrFlushErr && !self.dead.load(Ordering::SeqCst) {
-                warn!(lgr = ?self.lgr, link = %self.id, status = ?wc.status, "receive failed");
+            // `destroy` marks the link dead before it moves the QP to ERR, so a flushed
+            // receive on a live link means the QP went to ERR beneath us: after an error
+            // of its own (whose completion comes too), or moved there by the provider on a
+            // port or device error (an IBA asynchronous event; smc-ibverbs does that). On an
+            // idle link nothing else would tell, as Linux's smcr_port_err() takes the
+            // port's links down at once.
+            if !self.dead.load(Ordering::SeqCst) {
+                if wc.status == WcStatus::WrFlushErr {
+                    debug!(lgr = ?self.lgr, link = %self.id, "receive flushed: the QP is in error");
+                } else {
+                    warn!(lgr = ?self.lgr, link = %self.id, status = ?wc.status, "receive failed");
+                }
                 stack.post(Inbox::LinkError {
                     lgr: self.lgr,
                     link: self.id,
@@ -501,6 +519,10 @@ impl LinkRes {
                 } else {
                     trace!(len, "short CDC dropped");
                 }
+            } else if self.llc_queued.fetch_add(1, Ordering::AcqRel) >= MAX_LLC_QUEUED {
+                self.llc_queued.fetch_sub(1, Ordering::AcqRel);
+                stack.counters.llc_dropped.fetch_add(1, Ordering::Relaxed);
+                trace!(lgr = ?self.lgr, link = %self.id, "LLC flood: message dropped");
             } else {
                 let mut v = vec![0u8; len];
                 self.recv_buf.read(off, &mut v);

@@ -10,7 +10,9 @@
 
 pub(crate) mod conn;
 mod core;
+mod host;
 pub(crate) mod link;
+mod routes;
 mod sys;
 
 use std::collections::VecDeque;
@@ -30,6 +32,8 @@ use tracing::{debug, trace, warn};
 
 use crate::clc::{ClcConfig, FallbackReason, LgrId, UeidTable};
 use crate::conn::{ConnConfig, UpdatePolicy};
+use crate::endpoint::tokens::{Route, TokenTable};
+use crate::endpoint::EndpointConfig;
 use crate::llc;
 
 pub(crate) use self::conn::ConnShared;
@@ -39,7 +43,7 @@ use self::sys::EventFd;
 /// Configuration of a [`Stack`].
 #[derive(Clone)]
 pub struct StackConfig {
-    /// The RDMA provider (default: the software RoCEv2 RNIC, `SoftRoce::global()`).
+    /// The RDMA provider (`from_env`: chosen by `smc_providers::from_env`).
     pub provider: Arc<dyn Provider>,
     /// Size of the RMB element of each connection (rounded up to the compressed
     /// notation of RFC 7609 A.2.3: 16 KiB × 2^n).
@@ -138,15 +142,17 @@ impl StackConfig {
         }
     }
 
-    /// The process default: the software RNIC, UEIDs from `SMC_RS_UEID` /
+    /// The process default: the provider `SMC_RS_PROVIDER` selects (`smc_providers`:
+    /// auto, the default, uses a libibverbs device where one serves the address and the
+    /// software RNIC elsewhere), UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
-    /// `SMC_RS_CLC_TIMEOUT_MS` and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged
-    /// and ignored.
+    /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
+    /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
-        let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
-        match UeidTable::from_env_or_file() {
+        let mut c = StackConfig::with_provider(smc_providers::from_env());
+        match crate::ueid_file::from_env_or_file() {
             Ok(t) => c.ueids = t,
             Err(e) => warn!(error = %e, "UEIDs ignored"),
         }
@@ -186,6 +192,9 @@ impl StackConfig {
         if let Some(d) = millis("SMC_RS_CLC_TIMEOUT_MS") {
             c.clc_timeout = d;
         }
+        if let Some(d) = millis("SMC_RS_CLOSE_TIMEOUT_MS") {
+            c.conn.close_timeout = d;
+        }
         if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
             // 0 disables TEST LINK keepalive.
             c.keepalive = (!d.is_zero()).then_some(d);
@@ -197,6 +206,18 @@ impl StackConfig {
             }
         }
         c
+    }
+
+    fn endpoint_config(&self, clc: &ClcConfig) -> EndpointConfig {
+        EndpointConfig {
+            clc: clc.clone(),
+            rmb_size: self.rmb_size,
+            sndbuf_size: self.sndbuf_size.min(u32::MAX as usize) as u32,
+            rmb_cache: self.rmb_cache,
+            lgr_idle_timeout: self.lgr_idle_timeout,
+            keepalive: self.keepalive,
+            llc_reply_timeout: self.llc_reply_timeout,
+        }
     }
 
     fn clc_config(&self) -> ClcConfig {
@@ -215,13 +236,9 @@ impl StackConfig {
 }
 
 fn host_name() -> Option<smc_wire::common::HostName> {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into our buffer.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let s = std::str::from_utf8(&buf[..end]).ok()?;
+    // The node name of uname(2) is the host name (what gethostname returns on Linux).
+    let uts = rustix::system::uname();
+    let s = uts.nodename().to_str().ok()?;
     let s: String = s.chars().take(32).collect();
     smc_wire::common::Name32::new(&s)
 }
@@ -336,19 +353,17 @@ pub struct Stats {
     pub llc_received: u64,
     /// LLC messages sent.
     pub llc_sent: u64,
+    /// LLC messages of peers dropped as floods (beyond the per-link inbox bound, or TEST
+    /// LINK requests beyond the answers in flight).
+    pub llc_dropped: u64,
 }
 
+/// Counters the runtime keeps itself (the endpoint counts the rest).
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub smc_total: AtomicU64,
-    pub first_contacts: AtomicU64,
-    pub fallbacks: AtomicU64,
-    pub resets: AtomicU64,
-    pub rmbs_deleted: AtomicU64,
-    pub lgrs_ended: AtomicU64,
-    pub links_failed: AtomicU64,
-    pub llc_received: AtomicU64,
     pub llc_sent: AtomicU64,
+    /// LLC messages dropped on arrival (a link's inbox was full).
+    pub llc_dropped: AtomicU64,
 }
 
 /// Messages to the event thread.
@@ -374,104 +389,6 @@ pub(crate) enum Inbox {
     ConnClosed,
     /// The application dropped its last handle.
     Released,
-}
-
-/// Alert tokens (RFC 7609 §4.1, A.2.3): slot + generation, so that a stale token from
-/// a closed connection never reaches a newer one in the same slot.
-#[derive(Default)]
-pub(crate) struct Tokens {
-    slots: Vec<TokenSlot>,
-    free: Vec<u16>,
-    used: usize,
-}
-
-#[derive(Default)]
-struct TokenSlot {
-    gen: u16,
-    used: bool,
-    conn: Option<Arc<ConnShared>>,
-    /// CDCs that arrived before the rendezvous finished here: on subsequent contact the
-    /// client may write as soon as its Confirm is out, so its first CDC can overtake
-    /// the Confirm's processing on our event thread.
-    early: Vec<[u8; 44]>,
-}
-
-/// Most early CDCs kept per token (a well-behaved peer sends a handful at most before
-/// the Confirm is processed: its window is our whole RMBE).
-const MAX_EARLY_CDCS: usize = 64;
-
-impl Tokens {
-    fn alloc(&mut self) -> Option<u32> {
-        let slot = match self.free.pop() {
-            Some(s) => s,
-            None => {
-                if self.slots.len() >= usize::from(u16::MAX) {
-                    return None;
-                }
-                self.slots.push(TokenSlot {
-                    gen: 1,
-                    ..TokenSlot::default()
-                });
-                (self.slots.len() - 1) as u16
-            }
-        };
-        let s = &mut self.slots[usize::from(slot)];
-        s.used = true;
-        self.used += 1;
-        Some((u32::from(s.gen) << 16) | u32::from(slot))
-    }
-
-    fn slot(&mut self, token: u32) -> Option<&mut TokenSlot> {
-        let s = self.slots.get_mut((token & 0xFFFF) as usize)?;
-        (s.used && u32::from(s.gen) == token >> 16).then_some(s)
-    }
-
-    /// Attaches the connection; returns the CDCs that arrived before it.
-    fn set(&mut self, token: u32, conn: Arc<ConnShared>) -> Vec<[u8; 44]> {
-        match self.slot(token) {
-            Some(s) => {
-                s.conn = Some(conn);
-                std::mem::take(&mut s.early)
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// Keeps a CDC for a token whose connection is not attached yet; returns the
-    /// connection instead if it is attached by now.
-    fn early(&mut self, token: u32, cdc: &[u8; 44]) -> Option<Arc<ConnShared>> {
-        let s = self.slot(token)?;
-        if let Some(c) = &s.conn {
-            return Some(c.clone());
-        }
-        if s.early.len() < MAX_EARLY_CDCS {
-            s.early.push(*cdc);
-        } else {
-            debug!(token, "too many early CDCs; dropped");
-        }
-        None
-    }
-
-    fn get(&self, token: u32) -> Option<Arc<ConnShared>> {
-        let s = self.slots.get((token & 0xFFFF) as usize)?;
-        if s.used && u32::from(s.gen) == token >> 16 {
-            s.conn.clone()
-        } else {
-            None
-        }
-    }
-
-    fn release(&mut self, token: u32) {
-        let slot = (token & 0xFFFF) as u16;
-        if let Some(s) = self.slot(token) {
-            s.used = false;
-            s.conn = None;
-            s.early.clear();
-            s.gen = s.gen.wrapping_add(1).max(1);
-            self.free.push(slot);
-            self.used -= 1;
-        }
-    }
 }
 
 /// What a rendezvous hands to the API.
@@ -557,7 +474,7 @@ pub(crate) struct Inner {
     peer_id: OnceLock<PeerId>,
     pub bpf: Result<SmcOption, Unavailable>,
     core: Mutex<Core>,
-    tokens: RwLock<Tokens>,
+    pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
     efd: EventFd,
     stop: AtomicBool,
@@ -585,33 +502,34 @@ impl Inner {
         self.efd.wake();
     }
 
-    pub(crate) fn conn_by_token(&self, token: u32) -> Option<Arc<ConnShared>> {
-        self.tokens.read().ok()?.get(token)
+    /// The connection of `token` in link group `lgr` (CDC send completions).
+    pub(crate) fn conn_by_token(&self, token: u32, lgr: LgrId) -> Option<Arc<ConnShared>> {
+        self.tokens.read().ok()?.get(token, lgr).cloned()
     }
 
-    /// A received CDC (completion thread): find the connection by its alert token and
-    /// check it came on that connection's link.
+    /// A received CDC (completion thread): to the connection its alert token names, if
+    /// it came on a link of that connection's link group; kept while the connection's
+    /// rendezvous still runs here (`endpoint::tokens`).
     pub(crate) fn on_cdc(&self, link: &link::LinkRes, bytes: &[u8; 44], now: Instant) {
-        let Some(msg) = conn::from_wire(bytes) else {
+        let Ok(msg) = crate::conn::CdcRepr::parse_bytes(bytes) else {
             return;
         };
-        let conn = match self.conn_by_token(msg.token) {
+        let conn = match self.conn_by_token(msg.token, link.lgr) {
             Some(c) => Some(c),
             None => match self.tokens.write() {
-                Ok(mut t) => t.early(msg.token, bytes),
+                Ok(mut t) => match t.route(link.lgr, &msg) {
+                    Route::Conn(c) => Some(c),
+                    Route::Kept => None,
+                    Route::Dropped(why) => {
+                        trace!(token = msg.token, ?why, "CDC dropped");
+                        None
+                    }
+                },
                 Err(_) => None,
             },
         };
-        match conn {
-            Some(c) if c.lgr == link.lgr => c.on_cdc(&msg, now),
-            Some(_) => debug!(
-                token = msg.token,
-                "CDC for a connection of another link group dropped"
-            ),
-            None => trace!(
-                token = msg.token,
-                "CDC kept for later or dropped (no connection)"
-            ),
+        if let Some(c) = conn {
+            c.on_cdc(&msg, now);
         }
     }
 
@@ -685,6 +603,7 @@ impl Stack {
     /// A new stack with its own Peer ID and event thread.
     pub fn new(config: StackConfig) -> io::Result<Stack> {
         let clc = config.clc_config();
+        let ep_cfg = config.endpoint_config(&clc);
         let bpf = if config.tcp_option {
             SmcOption::open()
         } else {
@@ -700,8 +619,8 @@ impl Stack {
             instance: rand::random::<u16>(),
             peer_id: OnceLock::new(),
             bpf,
-            core: Mutex::new(Core::default()),
-            tokens: RwLock::new(Tokens::default()),
+            core: Mutex::new(Core::new(ep_cfg)),
+            tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
             efd: EventFd::new()?,
             stop: AtomicBool::new(false),
@@ -737,24 +656,17 @@ impl Stack {
     pub fn stats(&self) -> Stats {
         let mut s = self.inner.lock_core().stats();
         let c = &self.inner.counters;
-        s.alert_tokens = self.inner.tokens.read().map(|t| t.used).unwrap_or(0);
+        s.alert_tokens = self.inner.tokens.read().map(|t| t.len()).unwrap_or(0);
         s.fds = sys::count_fds();
-        s.smc_total = c.smc_total.load(Ordering::Relaxed);
-        s.first_contacts = c.first_contacts.load(Ordering::Relaxed);
-        s.fallbacks = c.fallbacks.load(Ordering::Relaxed);
-        s.resets = c.resets.load(Ordering::Relaxed);
-        s.rmbs_deleted = c.rmbs_deleted.load(Ordering::Relaxed);
-        s.lgrs_ended = c.lgrs_ended.load(Ordering::Relaxed);
-        s.links_failed = c.links_failed.load(Ordering::Relaxed);
-        s.llc_received = c.llc_received.load(Ordering::Relaxed);
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
+        s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
         s
     }
 
     /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.
     pub fn terminate_link_groups(&self) {
         let mut core = self.inner.lock_core();
-        core.terminate_all(Instant::now());
+        core.terminate_all(&self.inner, Instant::now());
         drop(core);
         self.inner.wake();
     }

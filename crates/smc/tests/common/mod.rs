@@ -33,9 +33,21 @@ pub fn init_tracing() {
         .try_init();
 }
 
-/// A stack config for tests: softroce, CLC without the TCP option for `peers`.
+/// The provider the tests run over: the software RoCEv2 RNIC, or with
+/// `SMC_RS_TEST_PROVIDER=iwarp` the SMC-R-over-iWARP extension (smc-iwarp in SMC-R link
+/// mode, one provider instance per stack).
+pub fn provider() -> std::sync::Arc<dyn smc_verbs::Provider> {
+    match std::env::var("SMC_RS_TEST_PROVIDER").as_deref() {
+        Ok("iwarp") => smc_iwarp::Iwarp::for_smc(),
+        Ok("softroce") | Err(_) => smc_softroce::SoftRoce::global(),
+        Ok(other) => panic!("SMC_RS_TEST_PROVIDER={other}: softroce or iwarp"),
+    }
+}
+
+/// A stack config for tests: softroce (or iWARP, see [`provider`]), CLC without the TCP
+/// option for `peers`.
 pub fn config(local: &str, peers: &str) -> StackConfig {
-    let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
+    let mut c = StackConfig::with_provider(provider());
     c.tcp_option = false;
     c.skip_tcp_option = peers.parse().expect("policy");
     c.local_addr = Some(local.parse().unwrap());
