@@ -270,20 +270,20 @@ fn cdcs_for_other_link_groups_tokens_are_dropped() {
         // Whatever the receiver's last seqno, one of four seqnos a quarter of the space
         // apart is newer than it (RFC 1982 arithmetic on 16 bits).
         for (seq, flags) in [
-            (0u16, ConnStateFlags::ABORT),
-            (0x4000, ConnStateFlags::CLOSED),
-            (0x8000, ConnStateFlags::ABORT),
-            (0xC000, ConnStateFlags::ABORT),
+            (0u16, ConnStateFlags::PEER_CONN_ABORT),
+            (0x4000, ConnStateFlags::PEER_CONN_CLOSED),
+            (0x8000, ConnStateFlags::PEER_CONN_ABORT),
+            (0xC000, ConnStateFlags::PEER_CONN_ABORT),
         ] {
-            let m = smc::conn::CdcMsg {
-                seq,
+            let m = smc::conn::CdcRepr {
+                seqno: seq,
                 token: tok,
                 prod: Cursor::new(0, 1000),
                 cons: Cursor::new(0, 0),
                 prod_flags: ProducerFlags::empty(),
                 conn_flags: flags,
             };
-            s.link.send(&peer::to_wire(&m)).unwrap();
+            s.link.send(&m.to_bytes()).unwrap();
             sent += 1;
         }
     }
@@ -319,17 +319,17 @@ fn early_cdcs_from_another_link_group_are_not_replayed() {
     // Data that was never written (1000 bytes of the RMB's zeros), then an abort.
     for (seq, prod, flags) in [
         (1u16, 1000u32, ConnStateFlags::empty()),
-        (2, 1000, ConnStateFlags::ABORT),
+        (2, 1000, ConnStateFlags::PEER_CONN_ABORT),
     ] {
-        let m = smc::conn::CdcMsg {
-            seq,
+        let m = smc::conn::CdcRepr {
+            seqno: seq,
             token: target,
             prod: Cursor::new(0, prod),
             cons: Cursor::new(0, 0),
             prod_flags: ProducerFlags::empty(),
             conn_flags: flags,
         };
-        sa.link.send(&peer::to_wire(&m)).unwrap();
+        sa.link.send(&m.to_bytes()).unwrap();
     }
     assert!(sa.link.quiesce(END));
     hb.send_confirm().unwrap();
@@ -378,16 +378,19 @@ fn early_cdcs_to_a_client_from_another_link_group_are_not_replayed() {
         });
         let cb = sp.spawn(move || smc::SmcStream::connect_with(victim, to_b));
         let target = rx.recv_timeout(END).expect("victim's Confirm to B");
-        for (seq, flags) in [(1u16, ConnStateFlags::empty()), (2, ConnStateFlags::ABORT)] {
-            let m = smc::conn::CdcMsg {
-                seq,
+        for (seq, flags) in [
+            (1u16, ConnStateFlags::empty()),
+            (2, ConnStateFlags::PEER_CONN_ABORT),
+        ] {
+            let m = smc::conn::CdcRepr {
+                seqno: seq,
                 token: target,
                 prod: Cursor::new(0, 1000),
                 cons: Cursor::new(0, 0),
                 prod_flags: ProducerFlags::empty(),
                 conn_flags: flags,
             };
-            sa.link.send(&peer::to_wire(&m)).unwrap();
+            sa.link.send(&m.to_bytes()).unwrap();
         }
         assert!(sa.link.quiesce(END));
         go_tx.send(()).unwrap();
@@ -805,7 +808,7 @@ fn bad_cursors_end_only_the_attacked_connection() {
     let honest = honest_lgrs(&sc);
     let a = Attacker::new(sc.net.evil);
     // (name, change to the CDC, whether the victim must abort the connection)
-    type Tweak = fn(&mut smc::conn::CdcMsg, &Session);
+    type Tweak = fn(&mut smc::conn::CdcRepr, &Session);
     let cases: Vec<(&str, Tweak, bool)> = vec![
         (
             "producer cursor beyond the RMBE",
@@ -869,8 +872,8 @@ fn bad_cursors_end_only_the_attacked_connection() {
         (
             "stale sequence number with an abort",
             |m, _| {
-                m.seq = m.seq.wrapping_sub(100);
-                m.conn_flags = ConnStateFlags::ABORT;
+                m.seqno = m.seqno.wrapping_sub(100);
+                m.conn_flags = ConnStateFlags::PEER_CONN_ABORT;
             },
             false,
         ),
@@ -912,15 +915,15 @@ fn unknown_tokens_and_wrong_link_ids() {
     // CDCs with tokens nobody was given: dropped; the attacker's connection goes on.
     let s = a.connect(sc.victim_addr()).unwrap();
     for i in 0..2000u32 {
-        let m = smc::conn::CdcMsg {
-            seq: 1 + (i % 100) as u16,
+        let m = smc::conn::CdcRepr {
+            seqno: 1 + (i % 100) as u16,
             token: rand::random::<u32>() | 0x8000_0000,
             prod: Cursor::new(0, 100),
             cons: Cursor::new(0, 0),
-            prod_flags: ProducerFlags::URGENT_PRESENT,
-            conn_flags: ConnStateFlags::ABORT,
+            prod_flags: ProducerFlags::URG_PRESENT,
+            conn_flags: ConnStateFlags::PEER_CONN_ABORT,
         };
-        s.link.send(&peer::to_wire(&m)).unwrap();
+        s.link.send(&m.to_bytes()).unwrap();
     }
     assert!(s.link.quiesce(END));
     s.echo_check(1, 200_000)
@@ -1028,14 +1031,15 @@ fn forged_packets_from_another_address_are_dropped() {
     let to = ip4(sc.net.victim);
     let f = Forger::new(sc.net.forger);
     let snap = s.snapshot();
-    let abort = peer::to_wire(&smc::conn::CdcMsg {
-        seq: snap.tx_seq.wrapping_add(1),
+    let abort = smc::conn::CdcRepr {
+        seqno: snap.tx_seq.wrapping_add(1),
         token: s.victim_rmb.token,
         prod: snap.tx_prod,
         cons: snap.rx_cons_sent,
         prod_flags: ProducerFlags::empty(),
-        conn_flags: ConnStateFlags::ABORT,
-    });
+        conn_flags: ConnStateFlags::PEER_CONN_ABORT,
+    }
+    .to_bytes();
     let delete_all = llc_bytes(&LlcMessage::DeleteLink(DeleteLink {
         v2: false,
         response: false,

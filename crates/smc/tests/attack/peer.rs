@@ -13,11 +13,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use smc::conn::{
-    CdcMsg, Conn, ConnConfig, ConnParams, ConnStateFlags, Cursor, ProducerFlags, RmbeGeometry,
-    Snapshot, UpdatePolicy,
+    CdcRepr, Conn, ConnConfig, ConnParams, ConnStateFlags, ProducerFlags, RmbeGeometry, Snapshot,
+    UpdatePolicy,
 };
 use smc_verbs::{AccessFlags, Device, Mr, Mtu, Provider, RdmaBuffer};
-use smc_wire::cdc::{self as wcdc, CdcRepr};
 use smc_wire::clc::{AcceptConfirmRepr, AcceptV2, ClcMessage, FirstContactExt};
 use smc_wire::common::{BufSize, Eid, Gid, Mac, Name32, PeerId, QpMtu, U24};
 use smc_wire::llc::{AddLink, ConfirmLink, LlcMessage};
@@ -446,39 +445,7 @@ pub struct DataPath {
     peer_base: u64,
     peer_rkey: u32,
     /// CDCs the victim sent that the machine rejected or that named another token.
-    pub odd_cdcs: Mutex<Vec<(CdcMsg, String)>>,
-}
-
-pub fn to_wire(m: &CdcMsg) -> [u8; 44] {
-    let r = CdcRepr {
-        seqno: m.seq,
-        token: m.token,
-        prod: wcdc::Cursor {
-            wrap: m.prod.wrap,
-            count: m.prod.count,
-        },
-        cons: wcdc::Cursor {
-            wrap: m.cons.wrap,
-            count: m.cons.count,
-        },
-        prod_flags: wcdc::ProducerFlags::from_bits_truncate(m.prod_flags.bits()),
-        conn_flags: wcdc::ConnStateFlags::from_bits_truncate(m.conn_flags.bits()),
-    };
-    let mut b = [0u8; 44];
-    r.emit(&mut b).expect("CDC encodes");
-    b
-}
-
-pub fn from_wire(b: &[u8]) -> Option<CdcMsg> {
-    let r = CdcRepr::parse_bytes(b).ok()?;
-    Some(CdcMsg {
-        seq: r.seqno,
-        token: r.token,
-        prod: Cursor::new(r.prod.wrap, r.prod.count),
-        cons: Cursor::new(r.cons.wrap, r.cons.count),
-        prod_flags: ProducerFlags::from_bits_truncate(r.prod_flags.bits()),
-        conn_flags: ConnStateFlags::from_bits_truncate(r.conn_flags.bits()),
-    })
+    pub odd_cdcs: Mutex<Vec<(CdcRepr, String)>>,
 }
 
 impl DataPath {
@@ -503,13 +470,13 @@ impl DataPath {
                     )
                 })
                 .collect();
-            let cdc = to_wire(&t.cdc);
+            let cdc = t.cdc.to_bytes();
             if self
                 .link
-                .post_transmit(&writes, self.peer_rkey, &cdc, t.cdc.seq)
+                .post_transmit(&writes, self.peer_rkey, &cdc, t.cdc.seqno)
                 .is_err()
             {
-                c.on_cdc_send_failed(t.cdc.seq);
+                c.on_cdc_send_failed(t.cdc.seqno);
                 c.kill(smc::conn::AbortReason::LinkLost);
                 break;
             }
@@ -521,7 +488,9 @@ impl DataPath {
 
 impl CdcSink for DataPath {
     fn on_cdc(&self, bytes: &[u8; 44]) {
-        let Some(m) = from_wire(bytes) else { return };
+        let Ok(m) = CdcRepr::parse_bytes(bytes) else {
+            return;
+        };
         let mut c = self.lock();
         let rmb = &self.rmb;
         let out = c.handle_cdc(&m, Instant::now(), |off| {
@@ -777,10 +746,10 @@ impl Session {
 
     /// A raw CDC to the victim: starts from what our side last sent (seqno, token,
     /// cursors), then `f` changes anything.
-    pub fn raw_cdc(&self, f: impl FnOnce(&mut CdcMsg)) -> Result<(), smc_verbs::VerbsError> {
+    pub fn raw_cdc(&self, f: impl FnOnce(&mut CdcRepr)) -> Result<(), smc_verbs::VerbsError> {
         let s = self.snapshot();
-        let mut m = CdcMsg {
-            seq: s.tx_seq,
+        let mut m = CdcRepr {
+            seqno: s.tx_seq,
             token: self.victim_rmb.token,
             prod: s.tx_prod,
             cons: s.rx_cons_sent,
@@ -788,7 +757,7 @@ impl Session {
             conn_flags: ConnStateFlags::empty(),
         };
         f(&mut m);
-        self.link.send(&to_wire(&m))
+        self.link.send(&m.to_bytes())
     }
 
     /// Geometry of the victim's RMB element.
