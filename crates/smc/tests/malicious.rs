@@ -6,9 +6,10 @@
 //! finish intact; the victim still serves; its resources and the process's fds are back
 //! to the baseline afterwards (`attack::scene::Scene::finish`).
 //!
-//! Tests marked `#[ignore = "needs fix: …"]` show a defence that is still missing; run
-//! them one at a time with `cargo test --release -p smc --test malicious -- --ignored
-//! --exact NAME` (some hang the victim today: the scene's watchdog then aborts the binary).
+//! Every defence the suite checks exists: a test that shows a missing one is marked
+//! `#[ignore = "needs fix: …"]` with the reason until the fix lands (run such a test alone,
+//! `cargo test --release -p smc --test malicious -- --ignored --exact NAME`: a hang aborts
+//! the binary through the scene's watchdog).
 //! The harness and how to add an attack: docs/malicious-peer.md.
 
 mod attack;
@@ -211,7 +212,6 @@ fn collect_tokens(
 }
 
 #[test]
-#[ignore = "needs fix: item 4, alert tokens are sequential (slot | generation << 16)"]
 fn alert_tokens_are_unpredictable() {
     let mut sc = Scene::server_victim(|_| {});
     sc.start_transfer(3, "honest");
@@ -259,8 +259,8 @@ fn cdcs_for_other_link_groups_tokens_are_dropped() {
     let b = Attacker::new(sc.net.evil2);
     let sb = b.connect(sc.victim_addr()).unwrap();
     sb.echo_check(2, 100_000).unwrap();
-    // B's token, every token the victim can have handed out lately under the registry's
-    // scheme today (the honest connection's among them) and random ones: abort, close and
+    // B's token, every token a sequential scheme (slot | generation << 16, as the
+    // registry once had) would have handed out lately, and random ones: abort, close and
     // a producer cursor that claims new data, from the attacker's own link.
     let mut tokens: Vec<u32> = vec![sb.victim_rmb.token];
     tokens.extend((0..32u32).flat_map(|slot| (1..=64u32).map(move |gen| (gen << 16) | slot)));
@@ -305,7 +305,6 @@ fn cdcs_for_other_link_groups_tokens_are_dropped() {
 /// CDCs naming B's token; then B completes the rendezvous and must see a clean
 /// connection.
 #[test]
-#[ignore = "needs fix: item 4, an early CDC counts only from the link group that will own the connection"]
 fn early_cdcs_from_another_link_group_are_not_replayed() {
     let mut sc = Scene::server_victim(|_| {});
     sc.start_transfer(5, "honest");
@@ -348,7 +347,6 @@ fn early_cdcs_from_another_link_group_are_not_replayed() {
 /// which stops after the victim's Confirm; the evil server A, with its own link group to
 /// the victim, names the victim's token for B in CDCs.
 #[test]
-#[ignore = "needs fix: item 4, an early CDC counts only from the link group that will own the connection"]
 fn early_cdcs_to_a_client_from_another_link_group_are_not_replayed() {
     let mut sc = Scene::client_victim(|_| {});
     sc.start_transfer(7, "honest");
@@ -434,7 +432,6 @@ fn stranger_declines(from: IpAddr, to: std::net::SocketAddr, peer_id: PeerId, n:
 }
 
 #[test]
-#[ignore = "needs fix: item 5, a Decline with S from any TCP client ends every link group of the Peer ID it names"]
 fn declines_with_s_from_a_stranger_end_no_link_group() {
     let mut sc = Scene::server_victim(with_v2);
     sc.start_transfer(10, "honest");
@@ -462,7 +459,6 @@ fn declines_with_s_from_a_stranger_end_no_link_group() {
 }
 
 #[test]
-#[ignore = "needs fix: item 5, a server's Decline with S ends every link group of the Peer ID it names"]
 fn decline_with_s_from_another_server_ends_only_its_own_rendezvous() {
     let mut sc = Scene::client_victim(|_| {});
     sc.start_transfer(11, "honest");
@@ -520,7 +516,6 @@ fn llc_bytes(m: &LlcMessage<'_>) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "needs fix: item 9, a flood fills the victim's send queue, its link to the attacker is destroyed while a connection waits for send slots, and LinkRes::wake_waiters / ConnShared::flush re-queue each other forever on the event thread: the whole stack stops"]
 fn test_link_flood_costs_other_link_groups_nothing() {
     let mut sc = Scene::server_victim(|c| c.rmb_cache = 0);
     sc.start_transfer(12, "honest");
@@ -593,7 +588,6 @@ fn add_link_flood_at_a_server_costs_other_link_groups_nothing() {
 }
 
 #[test]
-#[ignore = "needs fix: item 9, a flood fills the victim's send queue, its link to the attacker is destroyed while a connection waits for send slots, and LinkRes::wake_waiters / ConnShared::flush re-queue each other forever on the event thread: the whole stack stops (intermittent here)"]
 fn add_link_flood_at_a_client_costs_other_link_groups_nothing() {
     // Server ADD LINKs at a client victim: each one is answered with a reject.
     let mut sc = Scene::client_victim(|_| {});
@@ -1290,7 +1284,6 @@ fn clients_that_stop_before_the_accept_are_reset_and_freed() {
 }
 
 #[test]
-#[ignore = "needs fix: alert tokens of failed first contacts are never released (the link group is dropped with its RMBs, Tokens::release is not called for them)"]
 fn clients_that_stop_after_the_accept_are_reset_and_freed() {
     // Silent after the Proposal (the Accept came), after the Confirm (no CONFIRM LINK
     // answer).
@@ -1298,7 +1291,6 @@ fn clients_that_stop_after_the_accept_are_reset_and_freed() {
 }
 
 #[test]
-#[ignore = "needs fix: alert tokens of failed first contacts are never released (the link group is dropped with its RMBs, Tokens::release is not called for them)"]
 fn failed_first_contacts_release_their_alert_tokens() {
     // 200 rendezvous that stop after the Accept: each must give its token back, or an
     // attacker exhausts the 65535 tokens and SMC-R ends for everyone (every later
@@ -1428,7 +1420,6 @@ fn servers_that_stop_before_the_accept_leave_the_victim_client_unharmed() {
 }
 
 #[test]
-#[ignore = "needs fix: alert tokens of failed first contacts are never released (the link group is dropped with its RMBs, Tokens::release is not called for them)"]
 fn servers_that_stop_after_the_accept_leave_the_victim_client_unharmed() {
     // Silent after the Accept, after the Confirm (no CONFIRM LINK).
     server_stops_at(&["accept sent", "confirm"]);
@@ -1603,7 +1594,6 @@ fn malformed_clc_from_clients() {
 }
 
 #[test]
-#[ignore = "needs fix: alert tokens of failed first contacts are never released (the link group is dropped with its RMBs, Tokens::release is not called for them)"]
 fn garbage_after_an_accepted_proposal_and_mutated_proposals() {
     clc_from_clients(true);
 }
@@ -1709,7 +1699,6 @@ fn malformed_clc_from_servers() {
 }
 
 #[test]
-#[ignore = "needs fix: alert tokens of failed first contacts are never released (the link group is dropped with its RMBs, Tokens::release is not called for them)"]
 fn garbage_after_a_servers_accept() {
     clc_from_servers(true);
 }
