@@ -1309,6 +1309,47 @@ fn failed_first_contacts_release_their_alert_tokens() {
     sc.finish();
 }
 
+/// A client that stalls its first contact as long as the victim's timers allow (the
+/// Confirm just before the CLC timer, then no CONFIRM LINK answer) holds the victim's
+/// first-contact serialization the whole time: other peers' new connections wait behind
+/// it, and must then go on — SMC-R or TCP, never reset, never a changed byte.
+#[test]
+fn a_stalled_first_contact_does_not_reset_other_peers_new_connections() {
+    let mut sc = Scene::server_victim(|_| {});
+    sc.start_transfer(36, "honest");
+    let honest = honest_lgrs(&sc);
+    let clc = sc.victim.config().clc_timeout;
+    let a = Attacker::new(sc.net.evil);
+    let mut h = ClientHandshake::start(&a, sc.victim_addr()).unwrap();
+    h.send_proposal().unwrap();
+    h.read_accept().unwrap();
+    let t0 = Instant::now();
+    let (st, to) = (&sc.honest, sc.victim_addr());
+    std::thread::scope(|sp| {
+        // Another peer connects while the first contact is pending.
+        let other = sp.spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            let t = Instant::now();
+            let mode = scene::echo_new(st, to, "during a stalled first contact", END);
+            (mode, t.elapsed())
+        });
+        std::thread::sleep(clc.mul_f32(0.9).saturating_sub(t0.elapsed()));
+        h.prepare_link().unwrap();
+        h.link.as_ref().unwrap().set_answers(0);
+        h.send_confirm().unwrap();
+        let end = rawclc::wait_end(&mut h.tcp, END);
+        assert!(
+            !matches!(end, TcpEnd::Open(_)),
+            "the stalled client is kept"
+        );
+        let (mode, took) = other.join().unwrap();
+        eprintln!("stalled first contact: {end:?} after {:?}; the other peer's connection: {mode} after {took:?}", t0.elapsed());
+    });
+    assert_alive(&sc, &honest, "after the stalled first contact");
+    drop(h);
+    sc.finish();
+}
+
 #[test]
 fn client_that_never_answers_add_link_gets_a_working_connection_or_a_reset() {
     let mut sc = Scene::server_victim(|_| {});

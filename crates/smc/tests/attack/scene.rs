@@ -410,24 +410,14 @@ impl Scene {
     /// A short echo on a new honest connection: the victim still serves (no panic, no
     /// stuck event thread).
     pub fn check_serves(&self, what: &str) {
+        let mode = self.echo_new(what, Duration::from_secs(10));
+        assert!(mode.is_smc(), "{what}: new connection not SMC-R: {mode}");
+    }
+
+    /// A short echo on a new honest connection, SMC-R or TCP (see [`echo_new`]).
+    pub fn echo_new(&self, what: &str, t: Duration) -> Mode {
         let (st, to) = self.honest_path();
-        let s = SmcStream::connect_timeout_with(st, &to, Duration::from_secs(10))
-            .unwrap_or_else(|e| panic!("{what}: the victim no longer serves: {e}"));
-        assert!(
-            s.mode().is_smc(),
-            "{what}: new connection not SMC-R: {}",
-            s.mode()
-        );
-        let data = common::pattern(77, 100_000);
-        let w = s.try_clone().unwrap();
-        let d2 = data.clone();
-        let t = thread::spawn(move || (&w).write_all(&d2));
-        let mut back = vec![0u8; data.len()];
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        (&s).read_exact(&mut back)
-            .unwrap_or_else(|e| panic!("{what}: echo on a new connection failed: {e}"));
-        t.join().unwrap().unwrap();
-        assert!(back == data, "{what}: echo on a new connection differs");
+        echo_new(st, to, what, t)
     }
 
     /// Waits until the victim has no connection, rendezvous, RMB element in use, alert
@@ -487,6 +477,26 @@ impl Scene {
             count_fds()
         );
     }
+}
+
+/// A short echo on a new connection from `st` to the echo application at `to`, SMC-R or
+/// TCP (connect and each step within `t`); panics on any error or changed byte. Returns
+/// the connection's mode.
+pub fn echo_new(st: &Stack, to: SocketAddr, what: &str, t: Duration) -> Mode {
+    let s = SmcStream::connect_timeout_with(st, &to, t)
+        .unwrap_or_else(|e| panic!("{what}: the victim no longer serves: {e}"));
+    let mode = s.mode();
+    let data = common::pattern(77, 100_000);
+    let w = s.try_clone().unwrap();
+    let d2 = data.clone();
+    let th = thread::spawn(move || (&w).write_all(&d2));
+    let mut back = vec![0u8; data.len()];
+    s.set_read_timeout(Some(t)).unwrap();
+    (&s).read_exact(&mut back)
+        .unwrap_or_else(|e| panic!("{what}: echo on a new connection ({mode}) failed: {e}"));
+    th.join().unwrap().unwrap();
+    assert!(back == data, "{what}: echo on a new connection differs");
+    mode
 }
 
 /// Open file descriptors of this process.
