@@ -127,7 +127,7 @@ impl<'a> Env<'a> {
             llc_cfg: cfg,
             first_rdv: Some(self.tcp),
             first_done: false,
-            counted_pending: role == clc::Role::Server,
+            counted_pending: (role == clc::Role::Server).then_some(self.peer),
             first_rmb: None,
             first_peer: None,
             client_peer_qp: None,
@@ -146,7 +146,7 @@ impl<'a> Env<'a> {
             .ok_or(DeclineCode::INTERR)?;
         self.ep.lgrs.insert(id, g);
         if role == clc::Role::Server {
-            self.ep.server_first_pending += 1;
+            *self.ep.server_first_pending.entry(self.peer).or_insert(0) += 1;
         }
         self.lgr_refs.push(id);
         info!(lgr = id.0, ?role, ?version, "new link group");

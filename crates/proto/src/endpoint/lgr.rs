@@ -1,6 +1,7 @@
 //! One link group as the endpoint keeps it: identity, the llc machine, its links' QPs,
 //! and the accounting of its RMBs (RFC 7609 §2.1, §3.5.5.2, §4.1).
 
+use ::core::net::IpAddr;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
@@ -41,8 +42,8 @@ pub(super) struct Lgr {
     /// The rendezvous that created it (first-contact milestones go there).
     pub first_rdv: Option<TcpId>,
     pub first_done: bool,
-    /// Counted in `Endpoint::server_first_pending`.
-    pub counted_pending: bool,
+    /// Counted in `Endpoint::server_first_pending` under this peer address.
+    pub counted_pending: Option<IpAddr>,
     pub first_rmb: Option<u32>,
     pub first_peer: Option<PeerRmb>,
     pub client_peer_qp: Option<PeerQp>,

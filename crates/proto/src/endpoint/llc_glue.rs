@@ -7,7 +7,7 @@ use smc_wire::decline::DeclineCode;
 use tracing::{debug, info, warn};
 
 use super::rendezvous::Note;
-use super::{Endpoint, Host, Output, TcpId};
+use super::{first_contact_settled, Endpoint, Host, Output, TcpId};
 use crate::clc::{LgrId, LinkEvent, LinkFailure};
 use crate::conn::AbortReason;
 use crate::llc::{self, RToken};
@@ -136,9 +136,8 @@ impl Endpoint {
             llc::Event::PointOfNoReturn => self.note(first, Note::Link(LinkEvent::PointOfNoReturn)),
             llc::Event::FirstContactDone => {
                 g.first_done = true;
-                if std::mem::take(&mut g.counted_pending) {
-                    self.server_first_pending = self.server_first_pending.saturating_sub(1);
-                }
+                let pending = g.counted_pending.take();
+                first_contact_settled(&mut self.server_first_pending, pending);
                 self.note(first, Note::Link(LinkEvent::SecondLinkSettled));
             }
             llc::Event::FirstLinkFailed(f) => {
@@ -189,13 +188,11 @@ impl Endpoint {
                 info!(lgr = id.0, %reason, "link group terminated");
                 g.terminated = true;
                 self.counters.lgrs_ended += 1;
-                let was_pending = std::mem::take(&mut g.counted_pending);
+                let was_pending = g.counted_pending.take();
                 let first_open = !g.first_done;
                 g.first_done = true;
                 let waiters: Vec<TcpId> = g.rkey_waiters.drain().map(|(_, t)| t).collect();
-                if was_pending {
-                    self.server_first_pending = self.server_first_pending.saturating_sub(1);
-                }
+                first_contact_settled(&mut self.server_first_pending, was_pending);
                 if first_open {
                     // A Terminated before FirstContactDone resets the first connection
                     // (docs/llc.md); the machine ignores it after a FirstLinkFailed.

@@ -5,12 +5,12 @@
 //! machine), the running rendezvous (the [`clc`] machines), the accounting of
 //! RMBs and their elements, and the choreography between those machines: first-contact
 //! milestones from the llc machine to the rendezvous, CONFIRM RKEY before a subsequent
-//! contact's Accept/Confirm, the serialization of first contacts on the server, and the
-//! rules that tie connections to links (a link going down ends the connections on it; a
-//! peer's TCP FIN without its SMC-R close flags probes the link). Each connection's own
-//! data path and termination are its [`Conn`](crate::conn::Conn) machine, which the host
-//! keeps next to the connection's buffers; the endpoint knows which link group, link and
-//! RMB element each connection uses.
+//! contact's Accept/Confirm, the serialization of first contacts from one peer address on
+//! the server, and the rules that tie connections to links (a link going down ends the
+//! connections on it; a peer's TCP FIN without its SMC-R close flags probes the link).
+//! Each connection's own data path and termination are its [`Conn`](crate::conn::Conn)
+//! machine, which the host keeps next to the connection's buffers; the endpoint knows
+//! which link group, link and RMB element each connection uses.
 //!
 //! # How it is driven
 //!
@@ -268,6 +268,18 @@ struct ConnEntry {
     first_contact: bool,
 }
 
+/// A server first contact from `peer` counted in `Endpoint::server_first_pending`
+/// settled (done or failed): rendezvous from that address may go on.
+fn first_contact_settled(pending: &mut BTreeMap<IpAddr, usize>, peer: Option<IpAddr>) {
+    let Some(ip) = peer else { return };
+    if let Some(n) = pending.get_mut(&ip) {
+        *n -= 1;
+        if *n == 0 {
+            pending.remove(&ip);
+        }
+    }
+}
+
 /// See the [module documentation](self).
 pub struct Endpoint {
     cfg: EndpointConfig,
@@ -277,10 +289,14 @@ pub struct Endpoint {
     next_lgr: u64,
     rdvs: BTreeMap<TcpId, Rdv>,
     conns: BTreeMap<u32, ConnEntry>,
-    /// Server link groups whose first contact is still running: new rendezvous wait
-    /// (Linux `smc_server_lgr_pending`), so that concurrent connections from one peer
-    /// share the link group instead of creating parallel ones.
-    server_first_pending: usize,
+    /// Server link groups whose first contact is still running, by the peer's address:
+    /// new rendezvous from that address wait (Linux `smc_server_lgr_pending`), so that
+    /// concurrent connections from one peer share the link group instead of creating
+    /// parallel ones. Only that address waits (Linux serializes every first contact
+    /// behind one mutex): a peer that stalls its own first contact as long as the timers
+    /// allow would otherwise delay other peers' rendezvous past their CLC timers, and
+    /// they would be reset; a peer may only affect its own connections (issue 10).
+    server_first_pending: BTreeMap<IpAddr, usize>,
     /// Link groups whose llc machine may have outputs.
     dirty: BTreeSet<LgrId>,
     /// Milestones for rendezvous, delivered after the current step.
@@ -301,7 +317,7 @@ impl Endpoint {
             next_lgr: 0,
             rdvs: BTreeMap::new(),
             conns: BTreeMap::new(),
-            server_first_pending: 0,
+            server_first_pending: BTreeMap::new(),
             dirty: BTreeSet::new(),
             notes: VecDeque::new(),
             out: VecDeque::new(),
@@ -383,9 +399,12 @@ impl Endpoint {
         r.machine.bytes_wanted()
     }
 
-    /// Server rendezvous wait for a running first contact before reading anything.
+    /// Server rendezvous wait for a running first contact from the same address before
+    /// reading anything.
     fn gated(&self, r: &Rdv) -> bool {
-        !r.started && r.machine.role() == clc::Role::Server && self.server_first_pending > 0
+        !r.started
+            && r.machine.role() == clc::Role::Server
+            && self.server_first_pending.contains_key(&r.peer)
     }
 
     /// The TCP connections of running rendezvous.
@@ -722,9 +741,8 @@ impl Endpoint {
             host.destroy_link(id, link);
         }
         if g.conns.is_empty() && g.rendezvous == 0 {
-            if g.counted_pending {
-                self.server_first_pending = self.server_first_pending.saturating_sub(1);
-            }
+            let pending = g.counted_pending.take();
+            first_contact_settled(&mut self.server_first_pending, pending);
             for (rmb, r) in std::mem::take(&mut g.rmbs) {
                 // An element a failed rendezvous still held (its link group is
                 // abandoned as a whole) gives its alert token back here.

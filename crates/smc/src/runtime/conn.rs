@@ -121,6 +121,12 @@ impl ConnShared {
             if st.conn.needs_failover() {
                 return;
             }
+            // A destroyed link posts nothing and gives no slot back; its link group's
+            // machine ends every connection on it (no failover: RFC 7609 §4.8.3), so
+            // waiting for slots there would only wait forever.
+            if self.link.dead.load(Ordering::SeqCst) {
+                return;
+            }
             if !self.link.try_reserve(TX_SLOTS) {
                 if !st.waiting_slots {
                     st.waiting_slots = true;

@@ -62,6 +62,12 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// The live connections (unit tests reach a connection's link through them).
+    #[cfg(test)]
+    pub(crate) fn conns(&self) -> Vec<Arc<super::conn::ConnShared>> {
+        self.host.conns.values().cloned().collect()
+    }
+
     pub(crate) fn new(cfg: EndpointConfig) -> Core {
         Core {
             ep: Endpoint::new(cfg),

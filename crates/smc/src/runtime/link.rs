@@ -296,8 +296,23 @@ impl LinkRes {
     }
 
     fn wake_waiters(&self) {
+        if self.dead.load(Ordering::SeqCst) {
+            // Every waiter once: a dead link never gives slots back, so a connection
+            // kicked here must not be popped again even if it queued itself anew (the
+            // event thread would spin forever, stopping the whole stack).
+            let all = match self.waiters.lock() {
+                Ok(mut w) => std::mem::take(&mut *w),
+                Err(_) => return,
+            };
+            for c in all {
+                if let Some(c) = c.upgrade() {
+                    c.kick();
+                }
+            }
+            return;
+        }
         loop {
-            if !self.dead.load(Ordering::SeqCst) && self.free_slots() < TX_SLOTS {
+            if self.free_slots() < TX_SLOTS {
                 return;
             }
             let next = match self.waiters.lock() {
@@ -548,5 +563,78 @@ impl LinkRes {
                 debug!(error = %e, "receive repost failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use crate::{SmcListener, SmcStream, Stack, StackConfig};
+
+    /// A loopback address private to this test process (as tests/common does).
+    fn ip(host: u8) -> std::net::IpAddr {
+        let pid = std::process::id();
+        format!("127.{}.{}.{host}", 100 + pid % 100, (pid / 100) % 250)
+            .parse()
+            .unwrap()
+    }
+
+    fn stack(local: std::net::IpAddr) -> Stack {
+        let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
+        c.skip_tcp_option = format!("{}/24", ip(0)).parse().unwrap();
+        c.local_addr = Some(local);
+        Stack::new(c).unwrap()
+    }
+
+    /// A link destroyed while a connection waits for its send slots (a peer that stops
+    /// acknowledging, or an LLC flood that filled the send queue, then the link is taken
+    /// down): every waiter is woken once and `destroy` returns. It used to kick the
+    /// same connection forever — the connection, finding no slot, queued itself again —
+    /// and the event thread that destroys links stopped the whole stack.
+    #[test]
+    fn destroying_a_link_wakes_each_waiting_connection_once() {
+        let (sip, cip) = (ip(60), ip(61));
+        let (srv, cli) = (stack(sip), stack(cip));
+        let l = SmcListener::bind_with(&srv, (sip, 0)).unwrap();
+        let to = l.local_addr().unwrap();
+        let c = SmcStream::connect_with(&cli, to).unwrap();
+        let (_s, _) = l.accept().unwrap();
+        assert!(c.mode().is_smc(), "{}", c.mode());
+        let conns = cli.inner.lock_core().conns();
+        assert_eq!(conns.len(), 1);
+        let conn = conns[0].clone();
+        let link = conn.link.clone();
+        // Every send slot taken (as by work the peer never acknowledges), then data to
+        // send: the connection registers as a waiter.
+        let mut waiting = false;
+        for _ in 0..100 {
+            let free = link.free_slots();
+            if free > 0 {
+                let _ = link.try_reserve(free);
+            }
+            (&c).write_all(&[7u8; 1000]).unwrap();
+            if conn.lock().waiting_slots {
+                waiting = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(waiting, "the connection never waited for send slots");
+        let (tx, rx) = mpsc::channel();
+        let l2 = link.clone();
+        std::thread::spawn(move || {
+            l2.destroy();
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "destroying the link never returned (its waiters were kicked in a loop)"
+        );
+        // Nobody waits on a dead link any more.
+        assert!(link.waiters.lock().unwrap().is_empty());
+        drop((c, conn, link));
     }
 }

@@ -102,7 +102,8 @@ fn check_clean(w: &World) {
     }
 }
 
-/// First contacts are serialized on the server (Linux `smc_server_lgr_pending`): five
+/// First contacts from one address are serialized on the server (Linux
+/// `smc_server_lgr_pending`): five
 /// connections opened at once from one client share one link group.
 #[test]
 fn first_contact_serialization() {
