@@ -437,8 +437,11 @@ impl Client {
             };
             let req = ClientLgrRequest {
                 version,
+                peer_id: server.peer_id,
                 server: PeerQp {
-                    id: server,
+                    mac: server.mac,
+                    gid: server.gid,
+                    qpn: server.qpn,
                     psn: a.psn,
                     mtu,
                 },

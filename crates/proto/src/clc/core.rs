@@ -441,6 +441,7 @@ impl ClcEnv for NoEnv {
         &mut self,
         _: LgrId,
         _: super::LinkId,
+        _: smc_wire::common::PeerId,
         _: &super::PeerQp,
     ) -> Result<(), DeclineCode> {
         Err(DeclineCode::INTERR)

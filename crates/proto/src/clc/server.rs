@@ -466,11 +466,13 @@ impl Server {
         self.chosen = Some(c.clone());
         if let (true, Some(mtu)) = (first, mtu) {
             let qp = PeerQp {
-                id,
+                mac: id.mac,
+                gid: id.gid,
+                qpn: id.qpn,
                 psn: confirm.psn,
                 mtu,
             };
-            if let Err(code) = env.server_start_first_link(c.lgr, c.link.link, &qp) {
+            if let Err(code) = env.server_start_first_link(c.lgr, c.link.link, id.peer_id, &qp) {
                 return self.decline(code, false, env);
             }
             // S9/S10: the llc sends CONFIRM LINK; wait for the response.
