@@ -1,6 +1,6 @@
 //! CLC as a TCP byte stream: arbitrary bytes, split into arbitrary chunks, fed to the CLC
 //! stream reader and to a client or server rendezvous machine (with the fake runtime of
-//! `smc::clc::testing`), interleaved with llc events, CONFIRM RKEY results, TCP closes and
+//! `smc_proto::clc::testing`), interleaved with llc events, CONFIRM RKEY results, TCP closes and
 //! clock jumps.
 //!
 //! Input: `ctl[0..2] | seed[2..10] | stream`. `ctl` picks the role, the configuration and
@@ -18,12 +18,12 @@
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use smc::clc::testing::{
+use smc_proto::clc::testing::{
     cfg, client_route, server_route, ClcReader, FakeEnv, Read, CLIENT_HOST, SERVER_HOST,
 };
-use smc::clc::{
-    AddLinkTimeout, ClcConfig, ClientMachine, ConnRef, Eligibility, FirstLinkTimeout, LinkEvent,
-    LinkFailure, Outcome, Output, ProposalLayout, ServerMachine, V2Route,
+use smc_proto::clc::{
+    AddLinkTimeout, ClcConfig, ConnRef, Eligibility, FirstLinkTimeout, LinkEvent,
+    LinkFailure, Outcome, Output, ProposalLayout, Rendezvous, V2Route,
 };
 use smc_wire::clc::{self, ClcMessage, ClcType};
 use smc_wire::common::Mac;
@@ -50,73 +50,8 @@ impl Rng {
     }
 }
 
-/// Either machine.
-enum M {
-    C(ClientMachine),
-    S(ServerMachine),
-}
-
-impl M {
-    fn poll_output(&mut self) -> Option<Output> {
-        match self {
-            M::C(m) => m.poll_output(),
-            M::S(m) => m.poll_output(),
-        }
-    }
-    fn poll_timeout(&self) -> Option<Instant> {
-        match self {
-            M::C(m) => m.poll_timeout(),
-            M::S(m) => m.poll_timeout(),
-        }
-    }
-    fn outcome(&self) -> Option<&Outcome> {
-        match self {
-            M::C(m) => m.outcome(),
-            M::S(m) => m.outcome(),
-        }
-    }
-    fn bytes_wanted(&self) -> usize {
-        match self {
-            M::C(m) => m.bytes_wanted(),
-            M::S(m) => m.bytes_wanted(),
-        }
-    }
-    fn handle_tcp_bytes(&mut self, now: Instant, b: &[u8], env: &mut FakeEnv) -> usize {
-        match self {
-            M::C(m) => m.handle_tcp_bytes(now, b, env),
-            M::S(m) => m.handle_tcp_bytes(now, b, env),
-        }
-    }
-    fn handle_tcp_closed(&mut self, now: Instant, env: &mut FakeEnv) {
-        match self {
-            M::C(m) => m.handle_tcp_closed(now, env),
-            M::S(m) => m.handle_tcp_closed(now, env),
-        }
-    }
-    fn handle_rkey_confirmed(
-        &mut self,
-        now: Instant,
-        r: Result<(), DeclineCode>,
-        env: &mut FakeEnv,
-    ) {
-        match self {
-            M::C(m) => m.handle_rkey_confirmed(now, r, env),
-            M::S(m) => m.handle_rkey_confirmed(now, r, env),
-        }
-    }
-    fn handle_link_event(&mut self, now: Instant, ev: LinkEvent, env: &mut FakeEnv) {
-        match self {
-            M::C(m) => m.handle_link_event(now, ev, env),
-            M::S(m) => m.handle_link_event(now, ev, env),
-        }
-    }
-    fn on_timeout(&mut self, now: Instant, env: &mut FakeEnv) {
-        match self {
-            M::C(m) => m.on_timeout(now, env),
-            M::S(m) => m.on_timeout(now, env),
-        }
-    }
-}
+/// Either side: one machine type.
+type M = Rendezvous;
 
 /// What the machine under test did, for the invariants.
 #[derive(Default)]
@@ -292,19 +227,19 @@ fuzz_target!(|data: &[u8]| {
     let mut w = Watch::default();
 
     let mut m = if client {
-        M::C(ClientMachine::new(
+        Rendezvous::client(
             now,
             &mycfg,
             client_route(),
             Eligibility::BothAnnounced,
-        ))
+        )
     } else {
-        M::S(ServerMachine::new(
+        Rendezvous::server(
             now,
             &mycfg,
             server_route(),
             Eligibility::BothAnnounced,
-        ))
+        )
     };
     let first = w.drain(&mut m, now);
 
@@ -319,19 +254,19 @@ fuzz_target!(|data: &[u8]| {
     };
     if template {
         let mut p = if client {
-            M::S(ServerMachine::new(
+            Rendezvous::server(
                 now,
                 &peercfg,
                 server_route(),
                 Eligibility::BothAnnounced,
-            ))
+            )
         } else {
-            M::C(ClientMachine::new(
+            Rendezvous::client(
                 now,
                 &peercfg,
                 client_route(),
                 Eligibility::BothAnnounced,
-            ))
+            )
         };
         for msg in &first {
             let b = msg.to_vec().unwrap();

@@ -1,4 +1,4 @@
-//! The connection machine (`smc::conn::Conn`) against a hostile peer: arbitrary CDC
+//! The connection machine (`smc_proto::conn::Conn`) against a hostile peer: arbitrary CDC
 //! messages (any seqno, token, cursors and flags, or cursors near the real ones)
 //! interleaved with local writes, reads, urgent data, transmits, send completions and
 //! failures, failover, shutdown, close, abort, TCP resets and timers, on small RMB
@@ -20,8 +20,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use smc::conn::{
-    AbortReason, CdcMsg, Conn, ConnConfig, ConnParams, ConnStateFlags, Cursor, ProducerFlags,
+use smc_proto::conn::{
+    AbortReason, CdcRepr, Conn, ConnConfig, ConnParams, ConnStateFlags, Cursor, ProducerFlags,
     RmbeGeometry, State, UpdatePolicy, UrgentRelease,
 };
 
@@ -142,7 +142,7 @@ impl Harness {
     }
 
     /// Our CDC went out: check its writes and cursors.
-    fn sent_cdc(&mut self, cdc: &CdcMsg, writes: &[smc::conn::RmbeWrite]) {
+    fn sent_cdc(&mut self, cdc: &CdcRepr, writes: &[smc_proto::conn::RmbeWrite]) {
         assert_eq!(cdc.token, PEER_TOKEN, "our CDCs carry the peer's token");
         if let Some(c) = unwrap(&self.local, self.rx_base, cdc.cons, self.cons_adv_hi) {
             // The consumer cursor we advertise never passes what the peer produced.
@@ -154,7 +154,7 @@ impl Harness {
         } else {
             panic!("invalid consumer cursor {:?} sent", cdc.cons);
         }
-        if cdc.prod_flags.contains(ProducerFlags::FAILOVER) {
+        if cdc.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
             return;
         }
         let prod = unwrap(&self.peer, self.tx_base, cdc.prod, self.prod_last)
@@ -203,7 +203,7 @@ impl Harness {
                 return;
             };
             self.sent_cdc(&t.cdc, t.writes());
-            self.posted.push_back(t.cdc.seq);
+            self.posted.push_back(t.cdc.seqno);
         }
     }
 
@@ -238,7 +238,7 @@ impl Harness {
             self.peer_seq
                 .wrapping_add(inp.u8().unwrap_or(1) as i8 as u16)
         };
-        if !ProducerFlags::from_bits_truncate(mode).contains(ProducerFlags::FAILOVER) {
+        if !ProducerFlags::from_bits_truncate(mode).contains(ProducerFlags::FAILOVER_VALIDATION) {
             self.peer_seq = self.peer_seq.max(seq);
         }
         let token = if mode & 2 != 0 {
@@ -264,8 +264,8 @@ impl Harness {
         };
         let prod_flags = ProducerFlags::from_bits_truncate(inp.u8().unwrap_or(0));
         let conn_flags = ConnStateFlags::from_bits_truncate(inp.u8().unwrap_or(0));
-        let msg = CdcMsg {
-            seq,
+        let msg = CdcRepr {
+            seqno: seq,
             token,
             prod,
             cons,
@@ -274,7 +274,7 @@ impl Harness {
         };
         // What the peer claims, as the bounds of the invariants (a claim the machine
         // rejects only widens them).
-        if token == LOCAL_TOKEN && !prod_flags.contains(ProducerFlags::FAILOVER) {
+        if token == LOCAL_TOKEN && !prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
             let d = self.delivered_now();
             if let Some(p) = unwrap(&self.local, self.rx_base, prod, d) {
                 self.peer_prod_hi = self.peer_prod_hi.max(p);

@@ -33,8 +33,7 @@ pub struct InstallOptions {
 }
 
 fn ensure_root() -> Result<()> {
-    // SAFETY: geteuid(2) has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !rustix::process::geteuid().is_root() {
         bail!("this needs root (loading and attaching eBPF programs)");
     }
     Ok(())

@@ -17,13 +17,20 @@
 //!
 //! Without the program (or without access to its map) [`SmcOption::open`]
 //! returns [`Unavailable`], whose text starts "SMC-R option unavailable": the
-//! caller then never announces and runs plain TCP. [`policy`] holds the
-//! opt-in override for hosts without eBPF (outside RFC 7609, off by default).
+//! caller then never announces and runs plain TCP. [`SkipOptionPolicy`] (from
+//! `smc::tcp_option`) is the opt-in override for hosts without eBPF (outside RFC 7609,
+//! off by default). [`BpfTcpOption`] is this crate as the runtime's
+//! `smc::tcp_option::TcpOption`; [`install_default`] makes it the default of
+//! `smc::Stack::global`.
 //!
 //! Installation (`smc bpf install|status|uninstall`) is library code in
 //! [`install`] with clap types in [`cli`].
 //!
-//! ## What the SMC-R core calls, in order
+//! ## Using the program, in order
+//!
+//! The SMC-R runtime does this through [`BpfTcpOption`] (its `TcpOption` trait: `mark`
+//! before `connect()`/`listen()`, `outcome` after the handshake) and then applies the
+//! [`SkipOptionPolicy`] itself (`smc/src/runtime/routes.rs`). A program of its own calls:
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,13 +58,17 @@ pub mod cli;
 pub mod install;
 pub mod option;
 pub mod paths;
-pub mod policy;
 pub mod state;
 mod sys;
 
-pub use option::{MarkError, NotAnnounced, Outcome, SmcOption, Unavailable};
+pub use option::{
+    install_default, BpfTcpOption, MarkError, NotAnnounced, Outcome, SmcOption, Unavailable,
+};
 pub use paths::{PinPaths, DEFAULT_PIN_DIR, PIN_DIR_ENV};
-pub use policy::{ClcBasis, Decision, PeerPattern, PolicyError, SkipOptionPolicy, POLICY_ENV};
+/// The override policy lives with the runtime that applies it (`smc::tcp_option`).
+pub use smc::tcp_option::{
+    ClcBasis, Decision, PeerPattern, PolicyError, SkipOptionPolicy, POLICY_ENV,
+};
 pub use sys::ProgInfo;
 
 /// Routes libbpf's own messages to `tracing` (debug level) instead of

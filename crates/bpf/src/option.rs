@@ -14,7 +14,6 @@
 //!    Only [`Outcome::BothAnnounced`] allows CLC; anything else means TCP
 //!    fallback, with the outcome's `Display` as the reason.
 
-use std::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
@@ -23,115 +22,10 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 use socket2::{Protocol, SockRef, Type};
 use thiserror::Error;
 
+pub use smc::tcp_option::{NotAnnounced, Outcome, Unavailable};
+
 use crate::paths::PinPaths;
 use crate::state::{SkState, VALUE_SIZE};
-
-/// The option machinery cannot be used: the program is not installed, not
-/// attached, or its map cannot be opened by this process.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("SMC-R option unavailable: {reason}")]
-pub struct Unavailable {
-    /// Why, in words.
-    pub reason: String,
-}
-
-impl Unavailable {
-    fn new(reason: impl Into<String>) -> Self {
-        Unavailable {
-            reason: reason.into(),
-        }
-    }
-}
-
-/// Why our side did not put the option into its SYN / SYN-ACK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotAnnounced {
-    /// The socket was never marked with [`SmcOption::mark`].
-    NotMarked,
-    /// The program did not see the marked socket's `connect()`/`listen()`:
-    /// it was marked too late, or it lives outside the cgroup the program is
-    /// attached to, or the program was attached after `listen()`.
-    NotArmed,
-    /// The handshake has not completed yet (asked too early).
-    HandshakeNotSeen,
-    /// The SYN / SYN-ACK had no TCP option space left (RFC 7609 A.1 needs 6
-    /// bytes, 8 with alignment).
-    NoOptionSpace,
-    /// The connection was accepted from a SYN cookie: the kernel kept no
-    /// state, so the SYN-ACK carried no option (both sides fall back).
-    SynCookie,
-    /// The option was not written although the socket was armed.
-    NotWritten,
-    /// A BPF helper failed with this (negative errno) value.
-    HelperError(i32),
-}
-
-impl fmt::Display for NotAnnounced {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NotAnnounced::NotMarked => write!(f, "socket not marked for SMC-R"),
-            NotAnnounced::NotArmed => write!(
-                f,
-                "the eBPF program did not see this socket's connect()/listen() \
-                 (marked too late, or outside the attached cgroup)"
-            ),
-            NotAnnounced::HandshakeNotSeen => write!(f, "TCP handshake not complete yet"),
-            NotAnnounced::NoOptionSpace => {
-                write!(f, "no TCP option space left for the SMC-R option")
-            }
-            NotAnnounced::SynCookie => {
-                write!(
-                    f,
-                    "connection accepted from a SYN cookie (no option echoed)"
-                )
-            }
-            NotAnnounced::NotWritten => write!(f, "the SMC-R option was not written"),
-            NotAnnounced::HelperError(e) => write!(
-                f,
-                "eBPF helper failed: {}",
-                io::Error::from_raw_os_error(e.saturating_neg())
-            ),
-        }
-    }
-}
-
-/// What the TCP handshake of one connection said about SMC-R
-/// (RFC 7609 §3.5.1.1, CHECKLIST TO-4).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// SYN and SYN-ACK both carried the option: proceed with CLC.
-    BothAnnounced,
-    /// We announced, the peer did not: plain TCP.
-    PeerDidNotAnnounce,
-    /// We did not announce: plain TCP.
-    LocalNotAnnounced {
-        /// Why not.
-        why: NotAnnounced,
-    },
-    /// The record could not be read: plain TCP.
-    Unavailable {
-        /// Why not.
-        reason: Unavailable,
-    },
-}
-
-impl Outcome {
-    /// True when CLC may start (RFC 7609 §3.5.1.1).
-    pub fn both_announced(&self) -> bool {
-        matches!(self, Outcome::BothAnnounced)
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Outcome::BothAnnounced => write!(f, "both peers announced SMC-R"),
-            Outcome::PeerDidNotAnnounce => write!(f, "peer did not announce SMC-R"),
-            Outcome::LocalNotAnnounced { why } => write!(f, "SMC-R not announced: {why}"),
-            Outcome::Unavailable { reason } => write!(f, "{reason}"),
-        }
-    }
-}
 
 /// Errors of [`SmcOption::mark`].
 #[derive(Debug, Error)]
@@ -272,7 +166,7 @@ fn check_fresh_tcp(fd: BorrowedFd<'_>) -> Result<(), MarkError> {
     }
     match s.peer_addr() {
         Ok(_) => Err(MarkError::TooLate("connected")),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotConnected => Ok(()),
         Err(e) => Err(MarkError::Socket(e)),
     }
 }
@@ -337,4 +231,52 @@ mod tests {
         let h = NotAnnounced::HelperError(-28).to_string();
         assert!(h.contains("No space left"), "{h}");
     }
+}
+
+/// The eBPF program as the SMC-R runtime's TCP-option source ([`smc::tcp_option::TcpOption`]):
+/// the installation opened once; when it cannot be opened, nothing is announced and every
+/// outcome carries the reason.
+#[derive(Debug)]
+pub struct BpfTcpOption {
+    opened: Result<SmcOption, Unavailable>,
+}
+
+impl BpfTcpOption {
+    /// Opens the installation at the default place ([`SmcOption::open`]).
+    pub fn open() -> Self {
+        let opened = SmcOption::open();
+        if let Err(u) = &opened {
+            tracing::debug!(reason = %u, "TCP option not available");
+        }
+        BpfTcpOption { opened }
+    }
+
+    /// The opened installation, or why there is none.
+    pub fn opened(&self) -> &Result<SmcOption, Unavailable> {
+        &self.opened
+    }
+}
+
+impl smc::tcp_option::TcpOption for BpfTcpOption {
+    fn mark(&self, sock: BorrowedFd<'_>) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        match &self.opened {
+            Ok(o) => Ok(o.mark(sock)?),
+            // Not announcing is what Unavailable means; outcome() says why.
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn outcome(&self, sock: BorrowedFd<'_>) -> Outcome {
+        match &self.opened {
+            Ok(o) => o.outcome(sock),
+            Err(u) => Outcome::Unavailable { reason: u.clone() },
+        }
+    }
+}
+
+/// Makes the eBPF program the TCP-option source of every stack built from
+/// `StackConfig::from_env` (hence of `Stack::global`). Call once at start-up, before the
+/// first connection.
+pub fn install_default() {
+    smc::defaults::set_tcp_option(|| std::sync::Arc::new(BpfTcpOption::open()));
 }

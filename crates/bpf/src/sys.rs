@@ -1,10 +1,13 @@
 //! Small system helpers: mounts, cgroups, groups, BPF object info.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use nix::unistd::{Gid, Group};
+use rustix::mount::MountFlags;
 
 /// `BPF_FS_MAGIC` from <linux/magic.h>.
 pub const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -18,19 +21,10 @@ fn cpath(p: &Path) -> io::Result<CString> {
 
 /// The filesystem magic of the filesystem holding `p`.
 pub fn fs_magic(p: &Path) -> io::Result<i64> {
-    let c = cpath(p)?;
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
-    // SAFETY: `c` is a valid NUL-terminated path and `st` points to writable
-    // memory of the right type; statfs(2) fills it on success.
-    let r = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statfs returned 0, so the struct is initialised.
-    let f_type = unsafe { st.assume_init() }.f_type;
+    let st = rustix::fs::statfs(p)?;
     // f_type is an i64 on x86-64 but narrower on other architectures.
     #[allow(clippy::unnecessary_cast)]
-    Ok(f_type as i64)
+    Ok(st.f_type as i64)
 }
 
 /// Mount points of `fstype` listed in /proc/self/mountinfo.
@@ -105,86 +99,31 @@ pub fn cgroup_path_by_id(root: &Path, id: u64, limit: usize) -> Option<PathBuf> 
 
 /// Mounts a bpffs at `at` (mode 0700, as systemd does).
 pub fn mount_bpffs(at: &Path) -> io::Result<()> {
-    let target = cpath(at)?;
-    let src = c"bpf";
-    let opts = c"mode=0700";
-    // SAFETY: all pointers are valid NUL-terminated strings that outlive the
-    // call; mount(2) does not keep them.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            src.as_ptr(),
-            0,
-            opts.as_ptr().cast(),
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    rustix::mount::mount("bpf", at, "bpf", MountFlags::empty(), c"mode=0700")?;
     Ok(())
 }
 
-/// Resolves a group name (or a numeric gid) to a gid.
+/// Resolves a group name (or a numeric gid) to a gid (NSS, getgrnam_r).
 pub fn group_id(name: &str) -> io::Result<u32> {
     if let Ok(gid) = name.parse::<u32>() {
         return Ok(gid);
     }
-    let c = CString::new(name)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "group name contains NUL"))?;
-    let mut grp = std::mem::MaybeUninit::<libc::group>::zeroed();
-    let mut buf = vec![0u8; 16384];
-    let mut result: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: every pointer refers to live, writable memory of the stated
-    // size; getgrnam_r(3) writes only into `grp`, `buf` and `result`.
-    let r = unsafe {
-        libc::getgrnam_r(
-            c.as_ptr(),
-            grp.as_mut_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::from_raw_os_error(r));
-    }
-    if result.is_null() {
-        return Err(io::Error::new(
+    match Group::from_name(name) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(io::Error::new(
             io::ErrorKind::NotFound,
             format!("no such group: {name}"),
-        ));
+        )),
+        Err(e) => Err(io::Error::from(e)),
     }
-    // SAFETY: getgrnam_r succeeded and `result` points to `grp`.
-    Ok(unsafe { grp.assume_init() }.gr_gid)
 }
 
-/// The name of group `gid`, if it has one.
+/// The name of group `gid`, if it has one (NSS, getgrgid_r).
 pub fn group_name(gid: u32) -> Option<String> {
-    let mut grp = std::mem::MaybeUninit::<libc::group>::zeroed();
-    let mut buf = vec![0u8; 16384];
-    let mut result: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: as in `group_id`.
-    let r = unsafe {
-        libc::getgrgid_r(
-            gid,
-            grp.as_mut_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut result,
-        )
-    };
-    if r != 0 || result.is_null() {
-        return None;
-    }
-    // SAFETY: getgrgid_r succeeded; gr_name points into `buf`, still alive.
-    let g = unsafe { grp.assume_init() };
-    // SAFETY: gr_name is a NUL-terminated string inside `buf`.
-    Some(
-        unsafe { CStr::from_ptr(g.gr_name) }
-            .to_string_lossy()
-            .into_owned(),
-    )
+    Group::from_gid(Gid::from_raw(gid))
+        .ok()
+        .flatten()
+        .map(|g| g.name)
 }
 
 /// Identity of a pinned program.

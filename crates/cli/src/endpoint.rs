@@ -12,7 +12,7 @@ use crate::payload::{self, Moved, Pattern};
 use anyhow::{bail, Context, Result};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::thread;
@@ -202,26 +202,15 @@ fn serve_many<L: Listener>(listener: &L, args: &ListenArgs) -> Result<()> {
 /// Waits until `fd` (the input) has data (or end of file) and returns true; false once
 /// `stop` is set. Polls in slices of 200 ms so that the input direction also ends when
 /// the connection failed while the input stays silent (an idle terminal or pipe).
-fn input_ready(fd: RawFd, stop: &AtomicBool) -> io::Result<bool> {
+fn input_ready(fd: BorrowedFd<'_>, stop: &AtomicBool) -> io::Result<bool> {
     loop {
         if stop.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut p, 1, 200) };
-        if rc > 0 {
-            return Ok(true); // readable, or hung up / error: read() tells which
-        }
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
+        // Readable, or hung up / error: read() tells which. EINTR counts as a
+        // wake-up that rechecks `stop`.
+        if smc_verbs::event::wait_readable(fd, Some(Duration::from_millis(200)))? {
+            return Ok(true);
         }
     }
 }
@@ -234,7 +223,7 @@ fn netcat<S: Stream>(s: &S) -> Result<()> {
 }
 
 /// [`netcat`] with its input and output given.
-fn netcat_io<S: Stream, I: Read + AsRawFd + Send, O: Write>(
+fn netcat_io<S: Stream, I: Read + AsFd + Send, O: Write>(
     s: &S,
     mut input: I,
     mut stdout: O,
@@ -247,7 +236,7 @@ fn netcat_io<S: Stream, I: Read + AsRawFd + Send, O: Write>(
             // the descriptor sees every byte not read yet.
             let mut buf = vec![0u8; payload::CHUNK];
             loop {
-                if !input_ready(input.as_raw_fd(), failed)? {
+                if !input_ready(input.as_fd(), failed)? {
                     return Ok(());
                 }
                 let n = match input.read(&mut buf) {

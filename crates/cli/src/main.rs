@@ -44,7 +44,7 @@ fn main() -> ExitCode {
     // set it themselves); smc-bpf's warning on every connection would bury their output.
     let default_filter = match cli.command {
         Command::Listen(_) | Command::Connect(_) | Command::Demo(_) | Command::Bench(_) => {
-            "warn,smc_bpf::policy=error"
+            "warn,smc::tcp_option::policy=error"
         }
         _ => "warn",
     };
@@ -55,6 +55,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // The runtime links no provider and no eBPF: the defaults of Stack::global and
+    // StackConfig::from_env come from here (smc::defaults).
+    smc_providers::install_default();
+    smc_bpf::install_default();
     match cli.command {
         Command::Decode(args) => smc_cli::decode::command(&args),
         Command::Listen(args) => smc_cli::smc_cmd::listen(&args),

@@ -269,13 +269,14 @@ fn process_stack(bind: Option<IpAddr>) -> io::Result<&'static Stack> {
     }
 }
 
-/// Signals (blocked before the stack starts its threads): SIGUSR1 prints the stack's
+/// Signals (taken before the stack starts its threads): SIGUSR1 prints the stack's
 /// state when `stats`; SIGTERM/SIGINT end its link groups, then the process.
 fn start(bind: Option<IpAddr>, stats: bool, quiet: bool) -> io::Result<&'static Stack> {
-    crate::signal::block()?;
+    let signals = crate::signal::take()?;
     note_policy(quiet);
     let stack = process_stack(bind)?;
     crate::signal::handle(
+        signals,
         move || {
             if stats {
                 endpoint::print_stats(&StackInspect(stack), "SIGUSR1");
@@ -334,7 +335,7 @@ fn stack_pair(p: &PairArgs) -> Result<(Stack, Stack)> {
             .context("policy")?;
     let mut sc = StackConfig::from_env();
     sc.skip_tcp_option = policy.clone();
-    sc.tcp_option = false;
+    sc.tcp_option = None;
     let mut cc = sc.clone();
     cc.local_addr = Some(p.client_ip);
     let server = Stack::new(sc).context("server stack")?;

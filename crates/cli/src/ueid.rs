@@ -1,14 +1,14 @@
 //! `smc ueid add | del | show | flush`: the user-defined EIDs (UEIDs) that SMC-Rv2 needs
 //! before two hosts talk version 2 (Linux `smc_ueid`; linux-smc.md §2). The table lives in
-//! a file ([`smc::clc::UeidTable::default_path`]: `$SMC_RS_UEID_FILE` or `/etc/smc-rs/ueid`)
+//! a file ([`smc::ueid_file::default_path`]: `$SMC_RS_UEID_FILE` or `/etc/smc-rs/ueid`)
 //! that every smc-rs stack reads at start-up; `$SMC_RS_UEID` overrides the file for one
 //! process, which `show` points out.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use smc::clc::ueid::UEID_ENV;
 use smc::clc::{Ueid, UeidError, UeidTable};
+use smc::ueid_file::{self, UeidFileError, UEID_ENV};
 
 /// What `smc ueid` does.
 #[derive(clap::Subcommand, Debug)]
@@ -51,12 +51,12 @@ pub struct FileArg {
 
 impl FileArg {
     fn path(&self) -> PathBuf {
-        self.file.clone().unwrap_or_else(UeidTable::default_path)
+        self.file.clone().unwrap_or_else(ueid_file::default_path)
     }
 }
 
 /// Runs one `smc ueid` command; output goes to `out`.
-pub fn run(cmd: &UeidCommand, out: &mut dyn std::io::Write) -> Result<(), UeidError> {
+pub fn run(cmd: &UeidCommand, out: &mut dyn std::io::Write) -> Result<(), UeidFileError> {
     match cmd {
         UeidCommand::Add { ueid, file } => edit(&file.path(), |t| t.add(Ueid::new(ueid)?)),
         UeidCommand::Del { ueid, file } => edit(&file.path(), |t| t.remove(&Ueid::new(ueid)?)),
@@ -66,7 +66,7 @@ pub fn run(cmd: &UeidCommand, out: &mut dyn std::io::Write) -> Result<(), UeidEr
         }),
         UeidCommand::Show { file } => {
             let path = file.path();
-            let table = UeidTable::load(&path)?;
+            let table = ueid_file::load(&path)?;
             for u in &table {
                 let _ = writeln!(out, "{u}");
             }
@@ -87,10 +87,10 @@ pub fn run(cmd: &UeidCommand, out: &mut dyn std::io::Write) -> Result<(), UeidEr
 fn edit(
     path: &Path,
     f: impl FnOnce(&mut UeidTable) -> Result<(), UeidError>,
-) -> Result<(), UeidError> {
-    let mut table = UeidTable::load(path)?;
+) -> Result<(), UeidFileError> {
+    let mut table = ueid_file::load(path)?;
     f(&mut table)?;
-    table.save(path)
+    ueid_file::save(&table, path)
 }
 
 /// `smc ueid ...` as a process exit status.
@@ -139,7 +139,7 @@ mod tests {
         }
         assert_eq!(show(&p), "SMC-RS-A\nSMC-RS-B\n");
         // Another reader of the same file (what a stack does at start-up) sees the same.
-        assert_eq!(UeidTable::load(&p).unwrap().len(), 2);
+        assert_eq!(ueid_file::load(&p).unwrap().len(), 2);
         let del = UeidCommand::Del {
             ueid: "SMC-RS-A".into(),
             file: file_arg(&p),

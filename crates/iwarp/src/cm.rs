@@ -21,11 +21,9 @@ use smc_verbs::{Qp, QpState, VerbsError};
 use socket2::{Domain, SockRef, Socket, Type};
 
 use crate::negotiate::{self, InitiatorDecision, ReadParams, ResponderDecision, Rtr};
-use crate::qp::{ConnSetup, Fence, IwQp, QpShared};
-use crate::wire::ddp::{qn, term, DdpRepr, Opcode, Placement, TerminateRepr};
-use crate::wire::mpa::{
-    emit_fpdu, frame_len, EnhancedData, FrameKind, MpaRepr, RtrSet, RR_HEADER_LEN,
-};
+use crate::qp::{terminate_stream, ConnSetup, Fence, IwQp, QpShared};
+use crate::wire::ddp::{term, TerminateRepr};
+use crate::wire::mpa::{frame_len, EnhancedData, FrameKind, MpaRepr, RtrSet, RR_HEADER_LEN};
 
 /// What a side asks for when it connects or accepts.
 #[derive(Clone, Debug)]
@@ -183,36 +181,6 @@ fn mulpdu(s: &TcpStream, cap: usize) -> usize {
     u.min(cap).clamp(64, 65_532)
 }
 
-/// Writes a Terminate FPDU (MSN 1 on queue 2) straight onto the socket: used when the
-/// negotiation fails right after the Reply, before the QP runs (RFC 6581 §8, §9.1, §9.2).
-pub(crate) fn send_terminate(s: &mut TcpStream, code: u8, crc: bool) -> std::io::Result<()> {
-    let mut ulpdu = [0u8; 18 + 4];
-    let hdr = DdpRepr {
-        last: true,
-        opcode: Opcode::Terminate,
-        placement: Placement::Untagged {
-            inv_stag: 0,
-            qn: qn::TERMINATE,
-            msn: 1,
-            mo: 0,
-        },
-    };
-    hdr.emit(&mut ulpdu).map_err(std::io::Error::other)?;
-    TerminateRepr::new(term::LAYER_LLP, term::LLP_MPA, code)
-        .emit(&mut ulpdu[18..])
-        .map_err(std::io::Error::other)?;
-    let mut f = [0u8; 32];
-    let n = emit_fpdu(&mut f, &ulpdu, crc).map_err(std::io::Error::other)?;
-    s.write_all(&f[..n])?;
-    s.flush()?;
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    // Let the peer read it before the socket goes (a close with unread data would reset).
-    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut sink = [0u8; 512];
-    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
-    Ok(())
-}
-
 fn tcp_connect(local: IpAddr, remote: SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
     let sock = Socket::new(Domain::for_address(remote), Type::STREAM, None)?;
     if !local.is_unspecified() && local.is_ipv4() == remote.is_ipv4() {
@@ -317,14 +285,14 @@ pub(crate) fn connect_shared(
                 }
                 InitiatorDecision::Terminate { code } => {
                     let t = TerminateRepr::new(term::LAYER_LLP, term::LLP_MPA, code);
-                    let _ = send_terminate(&mut s, code, crc);
+                    let _ = terminate_stream(&mut s, code, crc);
                     return Err(CmError::Terminated(t.describe()));
                 }
             }
         }
         (Some(_), None) => {
             // RFC 6581 §10 (IN-2): an enhanced responder MUST answer enhanced.
-            let _ = send_terminate(&mut s, term::MPA_INVALID_RR, crc);
+            let _ = terminate_stream(&mut s, term::MPA_INVALID_RR, crc);
             return Err(CmError::Protocol(
                 "enhanced Request answered without enhanced data".into(),
             ));

@@ -4,10 +4,10 @@
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 
-use smc_verbs::{CompletionHandler, CqOps, WcStatus, WorkCompletion};
+use smc_verbs::{CompletionHandler, CqOps, EventFd, WcStatus, WorkCompletion};
 
 struct Inner {
     q: VecDeque<WorkCompletion>,
@@ -18,26 +18,20 @@ struct Inner {
 /// Shared state of a CQ.
 pub(crate) struct CqShared {
     inner: Mutex<Inner>,
-    efd: OwnedFd,
+    efd: EventFd,
     handler: Mutex<Option<CompletionHandler>>,
     cap: usize,
 }
 
 impl CqShared {
     pub(crate) fn new(cap: usize) -> std::io::Result<Arc<CqShared>> {
-        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(Arc::new(CqShared {
             inner: Mutex::new(Inner {
                 q: VecDeque::with_capacity(cap.min(4096)),
                 armed: None,
                 overflow: false,
             }),
-            // SAFETY: `fd` is a fresh descriptor we own.
-            efd: unsafe { OwnedFd::from_raw_fd(fd) },
+            efd: EventFd::new()?,
             handler: Mutex::new(None),
             cap,
         }))
@@ -68,15 +62,7 @@ impl CqShared {
 
     /// Makes the event fd readable and runs the handler.
     pub(crate) fn fire(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-        unsafe {
-            libc::write(
-                self.efd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
+        self.efd.wake();
         let h = self
             .handler
             .lock()
@@ -125,30 +111,14 @@ impl CqOps for IwCq {
         if fire_now {
             // Only the event fd here: a handler that re-arms would recurse. The handler
             // contract (a provider thread calls it) is kept by the QP threads.
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-            unsafe {
-                libc::write(
-                    self.shared.efd.as_raw_fd(),
-                    &one as *const u64 as *const libc::c_void,
-                    8,
-                )
-            };
+            self.shared.efd.wake();
         }
     }
-    fn event_fd(&self) -> RawFd {
-        self.shared.efd.as_raw_fd()
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.shared.efd.as_fd()
     }
     fn ack_events(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a valid u64 from our non-blocking eventfd.
-        unsafe {
-            libc::read(
-                self.shared.efd.as_raw_fd(),
-                &mut v as *mut u64 as *mut libc::c_void,
-                8,
-            )
-        };
+        self.shared.efd.drain();
     }
     fn set_handler(&self, handler: Option<CompletionHandler>) {
         *self

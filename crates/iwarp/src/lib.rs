@@ -14,60 +14,23 @@
 //! * the provider: devices, protection domains, memory regions (STag = rkey), CQs and RC QPs
 //!   whose transmit and receive run on two threads per QP.
 pub mod cm;
+mod config;
 mod cq;
 mod device;
 mod mr;
 pub mod negotiate;
 mod qp;
 pub mod smclink;
+mod verbs;
 pub mod wire;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub use device::{stats, Stats};
-
-/// Provider configuration.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Largest ULPDU (DDP segment incl. header) per FPDU; the connection's TCP MSS lowers it
-    /// so that an FPDU fits one segment (RFC 5044 §5: MULPDU from the EMSS).
-    pub max_ulpdu: usize,
-    /// Largest IRD/ORD a QP accepts (device limit, `max_qp_rd_atom`).
-    pub max_ird: u16,
-    /// SMC-R link mode (see [`smclink`]): each device listens on `local_ip:ephemeral`
-    /// for the MPA connections of SMC-R links, advertises that port in its MAC, and
-    /// `modify_to_rtr` connects a QP to the peer QP named by the RTR attributes.
-    pub smc_links: bool,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            max_ulpdu: 65_532,
-            max_ird: 128,
-            smc_links: false,
-        }
-    }
-}
-
-/// Environment variable: largest ULPDU per FPDU (bytes).
-pub const ENV_MAX_ULPDU: &str = "SMC_RS_IWARP_MAX_ULPDU";
-
-impl Config {
-    /// Reads `SMC_RS_IWARP_MAX_ULPDU`; malformed values are logged and ignored.
-    pub fn from_env() -> Config {
-        let mut c = Config::default();
-        if let Ok(v) = std::env::var(ENV_MAX_ULPDU) {
-            match v.trim().parse::<usize>() {
-                Ok(n) if (64..=65_532).contains(&n) => c.max_ulpdu = n,
-                _ => tracing::warn!(value = %v, "ignoring malformed {ENV_MAX_ULPDU}"),
-            }
-        }
-        c
-    }
-}
+pub use config::{Config, ENV_MAX_ULPDU};
+pub use device::Stats;
+pub use verbs::stats;
 
 /// The software iWARP provider (implements [`smc_verbs::Provider`]).
 pub struct Iwarp {
@@ -110,7 +73,7 @@ impl smc_verbs::Provider for Iwarp {
         if let Some(d) = m.get(&local) {
             return Ok(d.clone());
         }
-        let d = device::open(local, &self.config)?;
+        let d = verbs::open(local, &self.config)?;
         m.insert(local, d.clone());
         Ok(d)
     }
@@ -130,7 +93,7 @@ impl smc_verbs::Provider for Iwarp {
 
 /// One device whose QPs connect from `local` (not shared with a provider instance).
 pub fn open_device(local: IpAddr, config: &Config) -> smc_verbs::Result<smc_verbs::Device> {
-    device::open(local, config)
+    verbs::open(local, config)
 }
 
 /// Why an iWARP QP is in ERR (the peer's Terminate, a lost TCP connection, a Terminate we

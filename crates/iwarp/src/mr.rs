@@ -6,14 +6,11 @@
 //! All reads and writes of registered memory go through [`MrEntry::fetch`] and
 //! [`MrEntry::place`], the only two call sites that touch `RdmaBuffer`.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
-use smc_verbs::{AccessFlags, MrOps, PdOps, QpInitAttr, QpOps, RdmaBuffer, Result, VerbsError};
-
-use crate::device::DevShared;
+use smc_verbs::{AccessFlags, RdmaBuffer, Result, VerbsError};
 
 /// A registered region.
 #[derive(Debug)]
@@ -39,6 +36,11 @@ impl MrEntry {
     pub(crate) fn fetch(&self, off: usize, dst: &mut [u8]) {
         self.buf.read(self.base + off, dst)
     }
+    /// The buffer the region lies in (for the MR handle; data moves through
+    /// [`MrEntry::fetch`] and [`MrEntry::place`]).
+    pub(crate) fn buffer(&self) -> &Arc<RdmaBuffer> {
+        &self.buf
+    }
     /// Copies `src` into the region at `off`.
     pub(crate) fn place(&self, off: usize, src: &[u8]) {
         self.buf.write(self.base + off, src)
@@ -60,6 +62,32 @@ impl MrTable {
             .get(&key)
             .cloned()
     }
+    /// Registers `[offset, offset+len)` of `buf` (checked by the caller) for protection
+    /// domain `pd`, with a fresh STag and a random I/O virtual address; at most `max`
+    /// regions.
+    pub(crate) fn register(
+        &self,
+        buf: Arc<RdmaBuffer>,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+        pd: u32,
+        max: usize,
+    ) -> Result<Arc<MrEntry>> {
+        self.insert(
+            MrEntry {
+                iova: random_iova(offset),
+                buf,
+                base: offset,
+                len,
+                access,
+                pd,
+                key: 0,
+            },
+            max,
+        )
+    }
+
     fn insert(&self, mut e: MrEntry, max: usize) -> Result<Arc<MrEntry>> {
         let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
         if m.len() >= max {
@@ -78,7 +106,8 @@ impl MrTable {
         m.insert(e.key, e.clone());
         Ok(e)
     }
-    fn remove(&self, key: u32) {
+    /// Deregisters the region with STag `key`.
+    pub(crate) fn remove(&self, key: u32) {
         self.map
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -86,103 +115,9 @@ impl MrTable {
     }
 }
 
-/// A random 32-bit value.
+/// A random 32-bit value (STag key bytes, first QPN).
 pub(crate) fn random_u32() -> u32 {
-    let mut v = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into `v`.
-    let n = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 4, 0) };
-    if n == 4 {
-        u32::from_ne_bytes(v)
-    } else {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0x5eed)
-    }
-}
-
-/// Protection domain.
-pub(crate) struct IwPd {
-    pub(crate) id: u32,
-    pub(crate) dev: Arc<DevShared>,
-}
-
-impl PdOps for IwPd {
-    fn reg_mr(
-        &self,
-        buf: Arc<RdmaBuffer>,
-        offset: usize,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<Box<dyn MrOps>> {
-        if !buf.contains(offset, len) {
-            return Err(VerbsError::InvalidArgument("region outside the buffer"));
-        }
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            return Err(VerbsError::InvalidArgument(
-                "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
-            ));
-        }
-        let entry = self.dev.mrs.insert(
-            MrEntry {
-                iova: random_iova(offset),
-                buf,
-                base: offset,
-                len,
-                access,
-                pd: self.id,
-                key: 0,
-            },
-            self.dev.attr.max_mr as usize,
-        )?;
-        Ok(Box::new(IwMr {
-            entry,
-            dev: self.dev.clone(),
-        }))
-    }
-
-    fn create_qp(&self, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
-        crate::qp::create(self, attr)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-/// Memory region handle; dropping it deregisters the region.
-pub(crate) struct IwMr {
-    entry: Arc<MrEntry>,
-    dev: Arc<DevShared>,
-}
-
-impl Drop for IwMr {
-    fn drop(&mut self) {
-        self.dev.mrs.remove(self.entry.key);
-    }
-}
-
-impl MrOps for IwMr {
-    fn lkey(&self) -> u32 {
-        self.entry.key
-    }
-    fn rkey(&self) -> u32 {
-        self.entry.key
-    }
-    fn addr(&self) -> u64 {
-        self.entry.iova
-    }
-    fn len(&self) -> usize {
-        self.entry.len
-    }
-    fn access(&self) -> AccessFlags {
-        self.entry.access
-    }
-    fn buffer(&self) -> &Arc<RdmaBuffer> {
-        &self.entry.buf
-    }
+    rand::random()
 }
 
 /// A region's I/O virtual address: a random page-aligned base below 2^62 (so `iova +

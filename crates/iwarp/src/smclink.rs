@@ -37,7 +37,7 @@ use smc_verbs::{Mac, QpState, Result, RtrAttr, VerbsError};
 
 use crate::cm::{self, ConnParams, Incoming};
 use crate::device::DevShared;
-use crate::qp::QpShared;
+use crate::qp::{QpShared, QpTable};
 use crate::wire::mpa::RtrSet;
 
 /// First bytes of the MPA private data of an SMC-R link connection.
@@ -101,7 +101,11 @@ fn link_params(pd: Vec<u8>) -> ConnParams {
 
 /// The device's accept thread: every connection is handled on its own short-lived thread,
 /// so a slow or silent peer cannot hold up others' links.
-pub(crate) fn spawn_listener(l: TcpListener, dev: Weak<DevShared>) -> std::io::Result<()> {
+pub(crate) fn spawn_listener(
+    l: TcpListener,
+    dev: Weak<DevShared>,
+    qps: Arc<QpTable>,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("iw-smc-listen".into())
         .spawn(move || loop {
@@ -112,11 +116,14 @@ pub(crate) fn spawn_listener(l: TcpListener, dev: Weak<DevShared>) -> std::io::R
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             };
-            let Some(d) = dev.upgrade() else { return };
+            if dev.upgrade().is_none() {
+                return;
+            }
+            let qps = qps.clone();
             let _ = std::thread::Builder::new()
                 .name("iw-smc-accept".into())
                 .spawn(move || {
-                    if let Err(e) = accept_link(&d, s, peer) {
+                    if let Err(e) = accept_link(&qps, s, peer) {
                         tracing::debug!(%peer, error = %e, "SMC-R iWARP link connection refused");
                     }
                 });
@@ -125,7 +132,7 @@ pub(crate) fn spawn_listener(l: TcpListener, dev: Weak<DevShared>) -> std::io::R
 }
 
 fn accept_link(
-    dev: &Arc<DevShared>,
+    qps: &QpTable,
     s: std::net::TcpStream,
     peer: SocketAddr,
 ) -> std::result::Result<(), cm::CmError> {
@@ -134,13 +141,7 @@ fn accept_link(
         inc.reject(&[])?;
         return Err(cm::CmError::Refused("not an SMC-R link connection".into()));
     };
-    let qp = dev
-        .qps
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&tqpn)
-        .and_then(Weak::upgrade);
-    let Some(qp) = qp else {
+    let Some(qp) = qps.get(tqpn) else {
         inc.reject(&[])?;
         return Err(cm::CmError::Refused(format!("no QP {tqpn:#x}")));
     };

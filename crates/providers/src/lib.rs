@@ -6,8 +6,9 @@
 //! - `auto` (the default): per local address, the libibverbs device whose RoCEv2 GID is
 //!   that address when there is one and libibverbs loads, else the software RNIC.
 //!
-//! This is the one place that maps the setting to a provider; the SMC-R runtime and the
-//! `smc` command call [`from_env`] / [`open_device`].
+//! This is the one place that maps the setting to a provider. The SMC-R runtime (`smc`)
+//! links no provider: a program calls [`install_default`] once, and the `smc` command
+//! also [`open_device`] for its `smc rdma` tools.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -85,6 +86,13 @@ pub fn provider(sel: Selection) -> Arc<dyn Provider> {
 /// The provider `SMC_RS_PROVIDER` names (default `auto`).
 pub fn from_env() -> Arc<dyn Provider> {
     provider(selection_or_auto())
+}
+
+/// Makes [`from_env`] the RDMA provider of every stack built from
+/// `smc::StackConfig::from_env` (hence of `smc::Stack::global`, behind
+/// `SmcStream::connect`). Call once at start-up, before the first connection.
+pub fn install_default() {
+    smc::defaults::set_provider(from_env);
 }
 
 /// `auto`: libibverbs for the addresses a device serves, the software RNIC elsewhere.

@@ -16,6 +16,8 @@ fn exit_child() {
     let Ok(addr) = std::env::var("SMC_TEST_CHILD_ADDR") else {
         return;
     };
+    // What a program does once: the runtime links no provider (smc::defaults).
+    smc_providers::install_default();
     let c = smc::SmcStream::connect(addr.as_str()).unwrap();
     assert!(c.mode().is_smc(), "{}", c.mode());
     (&c).write_all(b"ping").unwrap();
@@ -25,8 +27,8 @@ fn exit_child() {
     if std::env::var_os("SMC_TEST_CHILD_KILL").is_some() {
         // No atexit hook, no DELETE LINK: the kernel closes the TCP socket (FIN) and
         // the RNIC's UDP socket; nothing else tells the peer.
-        // SAFETY: sends a signal to this process; no memory is involved.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     }
     std::process::exit(0);
 }

@@ -343,3 +343,26 @@ fn connect_timeout_bounds_the_rendezvous() {
     assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
+
+/// A stack whose program installed no provider (`smc::defaults`) still connects: over
+/// TCP, after declining with "no SMC-R device" (the peer expected a Proposal), and the
+/// server's side says the same; both keep working.
+#[test]
+fn a_stack_without_a_provider_falls_back_with_the_reason() {
+    init_tracing();
+    let (srv, _) = pair();
+    let mut c = config(&client_ip(), &server_ip());
+    c.provider = std::sync::Arc::new(smc::defaults::NoProvider);
+    let cli = smc::Stack::new(c).unwrap();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || echo_server(l));
+    let s = SmcStream::connect_with(&cli, addr).unwrap();
+    let Mode::Fallback { reason } = s.mode() else {
+        panic!("expected fallback, got {}", s.mode())
+    };
+    assert_eq!(reason.local, DeclineCode::NOSMCDEV, "{reason}");
+    echo_check(&s);
+    assert_eq!(cli.stats().fallbacks, 1);
+    assert!(wait_until(Duration::from_secs(5), || srv.stats().fallbacks == 1));
+}

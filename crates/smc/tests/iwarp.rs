@@ -15,7 +15,7 @@ use smc::{Stack, StackConfig};
 fn iwarp_config(local: &str, peer: &str) -> (StackConfig, std::sync::Arc<smc_iwarp::Iwarp>) {
     let p = smc_iwarp::Iwarp::for_smc();
     let mut c = StackConfig::with_provider(p.clone());
-    c.tcp_option = false;
+    c.tcp_option = None;
     c.skip_tcp_option = peer.parse().unwrap();
     c.local_addr = Some(local.parse().unwrap());
     (c, p)
@@ -71,7 +71,7 @@ fn roce_peer_that_did_not_opt_in_falls_back_to_tcp() {
     // the server's MAC) and the connection carries on over TCP.
     let (cc, _cp) = iwarp_config(&ip(23), &ip(22));
     let mut sc = StackConfig::with_provider(smc_softroce::SoftRoce::global());
-    sc.tcp_option = false;
+    sc.tcp_option = None;
     sc.skip_tcp_option = ip(23).parse().unwrap();
     sc.local_addr = Some(ip(22).parse().unwrap());
     let (srv, cli) = (Stack::new(sc).unwrap(), Stack::new(cc).unwrap());

@@ -21,7 +21,8 @@ use smc_verbs::{
 };
 
 use crate::config::Config;
-use crate::device::{handle_packet, DevShared, Stats};
+use crate::device::Stats;
+use crate::engine::{handle_packet, Engine};
 use crate::icrc::{self, IpInfo, IPV4_DF};
 
 /// Address of the harness device and of its scripted peer.
@@ -31,7 +32,7 @@ pub const LOCAL: Ipv4Addr = Ipv4Addr::LOCALHOST;
 pub struct Harness {
     /// The device (no engine thread).
     pub dev: Device,
-    shared: Arc<DevShared>,
+    eng: Arc<Engine>,
     sink: UdpSocket,
     touched: Vec<Arc<crate::qp::QpShared>>,
     service: Vec<Arc<crate::qp::QpShared>>,
@@ -63,11 +64,11 @@ impl Harness {
             max_mtu: Some(mtu),
             faults: None,
         };
-        let (dev, shared) = crate::device::open_inner(IpAddr::V4(LOCAL), &cfg, false)
+        let (dev, eng) = crate::verbs::open_inner(IpAddr::V4(LOCAL), &cfg, false)
             .map_err(|e| io::Error::other(e.to_string()))?;
         Ok(Harness {
             dev,
-            shared,
+            eng,
             sink,
             touched: Vec::with_capacity(4),
             service: Vec::with_capacity(4),
@@ -126,7 +127,7 @@ impl Harness {
 
     /// The UDP port the device receives on (covered by the ICRC).
     pub fn port(&self) -> u16 {
-        self.shared.local_port
+        self.eng.dev.local_port
     }
 
     /// Computes and stores the ICRC of `pkt` (a whole UDP payload with room
@@ -145,7 +146,7 @@ impl Harness {
 
     /// Delivers one UDP payload from `src:sport` as the engine would.
     pub fn feed(&mut self, pkt: &[u8], src: IpAddr, sport: u16) {
-        handle_packet(&self.shared, pkt, src, sport, &mut self.touched);
+        handle_packet(&self.eng, pkt, src, sport, &mut self.touched);
         for qp in self.touched.drain(..) {
             qp.after_batch();
         }
@@ -154,7 +155,7 @@ impl Harness {
     /// One engine pass: expired timers, streaming READ responses, deferred
     /// completion handlers. Returns whether a QP still has work.
     pub fn service(&mut self) -> bool {
-        self.shared.run_timers(&mut self.service, &mut self.fire).1
+        self.eng.run_timers(&mut self.service, &mut self.fire).1
     }
 
     /// Everything the device sent since the last call, oldest first.
@@ -169,6 +170,6 @@ impl Harness {
 
     /// The device's counters.
     pub fn stats(&self) -> &Stats {
-        &self.shared.stats
+        &self.eng.dev.stats
     }
 }

@@ -9,10 +9,23 @@
 //! * [`wire`]: packet formats (BTH, RETH, AETH, ImmDt, AtomicETH,
 //!   AtomicAckETH), typed views and `Repr`s; parsing never panics.
 //! * [`icrc`]: the invariant CRC over the masked IP/UDP/BTH headers.
-//! * `qp`: the RC requester and responder (segmentation, PSNs, ACK/NAK,
-//!   retransmission, RNR, RDMA READ, atomics, completions).
-//! * `device`: the UDP socket and the per-device progress engine thread.
+//! * `qp`: RC queue pairs, after Linux rxe: `qp::req` (requester:
+//!   segmentation, PSNs, retransmission), `qp::comp` (completer: ACK/NAK,
+//!   READ and atomic responses into completions), `qp::resp` (responder:
+//!   execution in PSN order, duplicates), `qp::reply` (responses owed, in
+//!   PSN order) and `qp::wqe` (posting and scatter/gather copies).
+//! * `verbs`: the user-visible handles (device, PD, MR, CQ, QP).
+//! * `engine`: the QPN table, the receive path and the per-device progress
+//!   engine thread; `device`: the state QPs and CQs share (attributes,
+//!   socket, MR table, counters, the engine's doorbell).
+//! * `tx`, `rx`, `net`: batched sendmmsg/recvmmsg with UDP GSO/GRO, the
+//!   ICRC check on receive, sockets and netdev facts.
+//! * `cq`, `mr`, `thread`: completion queues, memory regions and keys, which
+//!   thread may run completion handlers.
 //! * `fault`: a seeded loss/reorder/duplicate injector on the send path.
+//!
+//! Modules only use the ones listed after them (`verbs` → `engine` → `qp`
+//! → `tx`/`rx` → `device` → `cq`/`mr`/`thread`): no import cycles.
 //!
 //! Configuration comes from [`Config`] (or the environment for
 //! [`SoftRoce::global`], see [`config`]): `SMC_RS_SOFTROCE_FAULTS`,
@@ -43,14 +56,18 @@
 pub mod config;
 mod cq;
 mod device;
+mod engine;
 mod fault;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod harness;
 pub mod icrc;
 mod mr;
+mod net;
 mod qp;
-#[cfg(test)]
-mod qp_tests;
+mod rx;
+mod thread;
+mod tx;
+mod verbs;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -58,7 +75,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use config::{Config, FaultConfig};
-pub use device::{stats, Stats};
+pub use device::Stats;
+pub use verbs::stats;
 
 /// The software RoCEv2 RNIC provider (implements [`smc_verbs::Provider`]).
 pub struct SoftRoce {
@@ -102,7 +120,7 @@ impl smc_verbs::Provider for SoftRoce {
         if let Some(d) = m.get(&local) {
             return Ok(d.clone());
         }
-        let d = device::open(local, &self.config)?;
+        let d = verbs::open(local, &self.config)?;
         m.insert(local, d.clone());
         Ok(d)
     }
@@ -120,5 +138,5 @@ impl smc_verbs::Provider for SoftRoce {
 /// Convenience: one device bound to `local` with `config` (not shared with
 /// any provider instance).
 pub fn open_device(local: IpAddr, config: &Config) -> smc_verbs::Result<smc_verbs::Device> {
-    device::open(local, config)
+    verbs::open(local, config)
 }

@@ -22,14 +22,11 @@
 //! Once `ibv_dereg_mr` returns no byte of the region is touched again, as
 //! with rxe, which re-checks the MR state for every packet.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use smc_verbs::{AccessFlags, MrOps, PdOps, QpInitAttr, QpOps, RdmaBuffer, Result, VerbsError};
-
-use crate::device::DevHandle;
+use smc_verbs::{AccessFlags, RdmaBuffer, Result, VerbsError};
 
 /// A registered region, shared by the MR handle, the key table and any
 /// work request that refers to it.
@@ -166,6 +163,40 @@ impl MrTable {
             .find_map(|mr| mr.range(addr, len).map(|off| (mr.clone(), off)))
     }
 
+    /// Registers `[offset, offset+len)` of `buf` (checked by the caller)
+    /// for protection domain `pd`, with a fresh key and a random I/O
+    /// virtual address; at most `max` regions.
+    pub(crate) fn register(
+        &self,
+        buf: Arc<RdmaBuffer>,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+        pd: u32,
+        max: usize,
+    ) -> Result<Arc<MrEntry>> {
+        self.insert(
+            MrEntry {
+                iova: random_iova(offset),
+                buf,
+                base: offset,
+                len,
+                access,
+                pd,
+                key: 0,
+                users: AtomicU32::new(0),
+            },
+            max,
+        )
+    }
+
+    /// Deregisters a region: no new lookup finds it, then no reference
+    /// held from an earlier lookup may use it (see [`MrEntry::enter`]).
+    pub(crate) fn deregister(&self, e: &MrEntry) {
+        self.remove(e.key);
+        e.invalidate();
+    }
+
     fn insert(&self, mut e: MrEntry, max: usize) -> Result<Arc<MrEntry>> {
         let mut m = self.map.write().unwrap_or_else(|e| e.into_inner());
         if m.len() >= max {
@@ -198,109 +229,8 @@ fn random_iova(offset: usize) -> u64 {
     base | (offset as u64 & 0xfff)
 }
 
-/// A random 32-bit value (rkey bytes, initial index).
+/// A random 32-bit value (key bytes, I/O virtual addresses, first QPN):
+/// unpredictable to peers (a CSPRNG seeded by the OS).
 pub(crate) fn random_u32() -> u32 {
-    let mut v = [0u8; 4];
-    // SAFETY: getrandom writes at most 4 bytes into `v`.
-    let n = unsafe { libc::getrandom(v.as_mut_ptr() as *mut libc::c_void, 4, 0) };
-    if n == 4 {
-        u32::from_ne_bytes(v)
-    } else {
-        // Fall back to the clock; unpredictability is a defence in depth,
-        // the PD check is the protection.
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0x5eed)
-    }
-}
-
-/// Protection domain ([`PdOps`]).
-pub(crate) struct SoftPd {
-    pub(crate) id: u32,
-    pub(crate) dev: Arc<DevHandle>,
-}
-
-impl PdOps for SoftPd {
-    fn reg_mr(
-        &self,
-        buf: Arc<RdmaBuffer>,
-        offset: usize,
-        len: usize,
-        access: AccessFlags,
-    ) -> Result<Box<dyn MrOps>> {
-        if !buf.contains(offset, len) {
-            return Err(VerbsError::InvalidArgument("region outside the buffer"));
-        }
-        // ibverbs: remote write/atomic access requires local write.
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            return Err(VerbsError::InvalidArgument(
-                "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
-            ));
-        }
-        let shared = &self.dev.shared;
-        let entry = shared.mrs.insert(
-            MrEntry {
-                iova: random_iova(offset),
-                buf,
-                base: offset,
-                len,
-                access,
-                pd: self.id,
-                key: 0,
-                users: AtomicU32::new(0),
-            },
-            shared.attr.max_mr as usize,
-        )?;
-        Ok(Box::new(SoftMr {
-            entry,
-            dev: self.dev.clone(),
-        }))
-    }
-
-    fn create_qp(&self, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>> {
-        crate::qp::create(self, attr)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-/// Memory region handle ([`MrOps`]); dropping it deregisters the region.
-pub(crate) struct SoftMr {
-    entry: Arc<MrEntry>,
-    dev: Arc<DevHandle>,
-}
-
-impl Drop for SoftMr {
-    fn drop(&mut self) {
-        // No new lookups find it, then no reference held from an earlier
-        // lookup may use it.
-        self.dev.shared.mrs.remove(self.entry.key);
-        self.entry.invalidate();
-    }
-}
-
-impl MrOps for SoftMr {
-    fn lkey(&self) -> u32 {
-        self.entry.key
-    }
-    fn rkey(&self) -> u32 {
-        self.entry.key
-    }
-    fn addr(&self) -> u64 {
-        self.entry.iova
-    }
-    fn len(&self) -> usize {
-        self.entry.len
-    }
-    fn access(&self) -> AccessFlags {
-        self.entry.access
-    }
-    fn buffer(&self) -> &Arc<RdmaBuffer> {
-        &self.entry.buf
-    }
+    rand::random()
 }

@@ -94,19 +94,7 @@ impl Raw {
     /// Room for a few MiB of READ responses without loss (SO_RCVBUFFORCE
     /// needs root, as the test suite runs); false if the kernel refuses.
     fn big_rcvbuf(&self) -> bool {
-        use std::os::fd::AsRawFd;
-        let want: libc::c_int = 16 << 20;
-        // SAFETY: a valid int option value of the stated size.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.rx.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                &want as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        rc == 0
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(&self.rx, 16 << 20).is_ok()
     }
     fn recv(&self) -> Option<PacketRepr> {
         let mut b = [0u8; 8192];

@@ -7,7 +7,7 @@
 //! message) otherwise.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -35,9 +35,12 @@ impl Drop for Netns {
 
 fn enter(ns: &str) {
     let f = std::fs::File::open(format!("/run/netns/{ns}")).expect("netns file");
-    // SAFETY: setns on a valid namespace fd affects only this thread.
-    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+    // setns affects only this thread.
+    rustix::thread::move_into_link_name_space(
+        f.as_fd(),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .expect("setns");
 }
 
 #[test]

@@ -598,22 +598,10 @@ impl Peer {
     /// as the test suite runs; else as much as rmem_max allows). Returns
     /// the READ length the buffer can hold without loss.
     fn room_for_long_read(&self) -> u32 {
-        use std::os::fd::AsRawFd;
-        let want: libc::c_int = 4 << 20;
-        for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-            // SAFETY: a valid int option value of the stated size.
-            let rc = unsafe {
-                libc::setsockopt(
-                    self.sock.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &want as *const libc::c_int as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if rc == 0 {
-                break;
-            }
+        use rustix::net::sockopt;
+        let want = 4 << 20;
+        if sockopt::set_socket_recv_buffer_size_force(&self.sock, want).is_err() {
+            let _ = sockopt::set_socket_recv_buffer_size(&self.sock, want);
         }
         let got = socket2::SockRef::from(&self.sock)
             .recv_buffer_size()

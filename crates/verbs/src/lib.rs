@@ -2,9 +2,12 @@
 //!
 //! The API follows ibverbs semantics (device, protection domain, memory region,
 //! completion queue, reliable-connected queue pair, work requests and work
-//! completions) so that a real RNIC behind libibverbs can implement it later
-//! without changes to the layers above. The software RoCEv2 RNIC in
-//! `smc-softroce` is the default provider.
+//! completions), so that very different RNICs implement it without changes to
+//! the layers above: the software RoCEv2 RNIC (`smc-softroce`), RoCE NICs
+//! through libibverbs (`smc-ibverbs`) and the software iWARP RNIC
+//! (`smc-iwarp`). Which one a stack uses is the caller's choice
+//! (`smc-providers`, `SMC_RS_PROVIDER`); the SMC-R runtime names none.
+//! `docs/architecture.md` ("Adding a provider") says what a new one takes.
 //!
 //! Handles (`Device`, `Pd`, `Mr`, `Cq`, `Qp`) are cheap, cloneable wrappers
 //! around provider trait objects (see [`provider`]). Providers implement the
@@ -21,7 +24,9 @@
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod error;
+pub mod event;
 pub mod mem;
+pub mod netdev;
 pub mod provider;
 pub mod qp;
 pub mod types;
@@ -29,13 +34,14 @@ pub mod wc;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
+pub use event::EventFd;
 pub use mem::RdmaBuffer;
 pub use provider::wait_on_event_fd;
 pub use provider::{
     CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,
-    Qp, QpOps,
+    Qp, QpInitAttr, QpOps,
 };
-pub use qp::{AddressHandle, InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+pub use qp::{AddressHandle, InitAttr, QpCap, QpState, RtrAttr, RtsAttr};
 pub use types::{psn_add, psn_diff, AccessFlags, Gid, Mac, Mtu, PSN_MASK, QPN_MASK};
 pub use wc::{WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{RecvWr, SendFlags, SendOp, SendWr, Sge};

@@ -56,8 +56,12 @@ const WORD: usize = 8;
 /// region. Shared with `Arc`; the mapping lives until the last reference
 /// (including the provider's, held by a registered [`crate::Mr`]) is gone.
 pub struct RdmaBuffer {
+    /// First byte of the mapping: every access goes through this pointer,
+    /// as atomic words, never through a slice of `map`.
     ptr: NonNull<u8>,
     len: usize,
+    /// The anonymous mapping (memmap2): unmapped when the buffer drops.
+    _map: memmap2::MmapMut,
 }
 
 // SAFETY: the buffer is plain memory with no thread affinity. Through
@@ -79,29 +83,22 @@ impl RdmaBuffer {
                 "RDMA buffer length must be non-zero",
             ));
         }
-        let page = page_size();
+        let page = rustix::param::page_size();
         let map_len = len
             .checked_add(page - 1)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "RDMA buffer too large"))?
             & !(page - 1);
-        // SAFETY: anonymous private mapping with no address hint; the result
-        // is checked against MAP_FAILED before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // A private anonymous mapping: page-aligned and zeroed.
+        let mut map = memmap2::MmapMut::map_anon(map_len)?;
+        // The raw pointer memmap2 got from mmap: no reference to the bytes
+        // is created, here or later.
         let ptr =
-            NonNull::new(p as *mut u8).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(Arc::new(RdmaBuffer { ptr, len }))
+            NonNull::new(map.as_mut_ptr()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Arc::new(RdmaBuffer {
+            ptr,
+            len,
+            _map: map,
+        }))
     }
 
     /// Usable length in bytes (as requested; the mapping may be larger).
@@ -138,7 +135,7 @@ impl RdmaBuffer {
         // `len` (the public methods check their ranges first), and the
         // mapping is a whole number of pages ≥ `len`, so the word lies in
         // it; the mapping is page-aligned, so the word is 8-byte aligned; it
-        // stays mapped while `&self` lives (unmapped only in `Drop`); and
+        // stays mapped while `&self` lives (`_map` unmaps it on drop); and
         // every access this type makes to the mapping is an atomic access to
         // such a word, so no non-atomic or differently sized access races
         // with it (`as_ptr` puts other code under the same rule).
@@ -259,19 +256,6 @@ impl RdmaBuffer {
     }
 }
 
-impl Drop for RdmaBuffer {
-    fn drop(&mut self) {
-        let page = page_size();
-        let map_len = (self.len + page - 1) & !(page - 1);
-        // SAFETY: unmapping exactly the mapping created in `new`; the
-        // words `word`/`atomic_u64` lend are bound to `&self` and cannot
-        // outlive it, and `as_ptr`'s contract forbids use after drop.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, map_len);
-        }
-    }
-}
-
 impl std::fmt::Debug for RdmaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // No address: it must not reach logs a peer might see, and regions
@@ -279,16 +263,6 @@ impl std::fmt::Debug for RdmaBuffer {
         f.debug_struct("RdmaBuffer")
             .field("len", &self.len)
             .finish()
-    }
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
     }
 }
 

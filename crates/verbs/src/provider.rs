@@ -8,13 +8,13 @@
 
 use std::any::Any;
 use std::net::IpAddr;
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::mem::RdmaBuffer;
-use crate::qp::{InitAttr, QpCap, QpInitAttr, QpState, RtrAttr, RtsAttr};
+use crate::qp::{InitAttr, QpCap, QpState, RtrAttr, RtsAttr};
 use crate::types::{AccessFlags, Gid, Mac, Mtu};
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendWr};
@@ -304,7 +304,7 @@ pub trait CqOps: Send + Sync {
     fn req_notify(&self, solicited_only: bool);
     /// A file descriptor (eventfd) that is readable after the CQ fired and
     /// until [`CqOps::ack_events`].
-    fn event_fd(&self) -> RawFd;
+    fn event_fd(&self) -> BorrowedFd<'_>;
     /// Clears the readable state of the event fd.
     fn ack_events(&self);
     /// Installs (or removes) the handler called when the CQ fires.
@@ -344,7 +344,7 @@ impl Cq {
         self.0.req_notify(solicited_only)
     }
     /// The event fd (readable after the CQ fired).
-    pub fn event_fd(&self) -> RawFd {
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
         self.0.event_fd()
     }
     /// Acknowledges fired events.
@@ -375,32 +375,32 @@ pub fn wait_on_event_fd(cq: &dyn CqOps, timeout: Option<Duration>) -> Result<boo
         if cq.pending() > 0 {
             return Ok(true);
         }
-        let wait_ms = match deadline {
-            None => -1,
+        let rest = match deadline {
+            None => None,
             Some(d) => {
                 let now = Instant::now();
                 if now >= d {
                     return Ok(false);
                 }
-                // Round up so a sub-millisecond rest does not spin.
-                (d - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
+                Some(d - now)
             }
         };
-        let mut pfd = libc::pollfd {
-            fd: cq.event_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is a valid pollfd for the duration of the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e.into());
-            }
-        }
+        crate::event::wait_readable(cq.event_fd(), rest)?;
         cq.ack_events();
     }
+}
+
+/// Creation attributes of a reliable-connected QP.
+#[derive(Clone)]
+pub struct QpInitAttr {
+    /// CQ for send completions.
+    pub send_cq: Cq,
+    /// CQ for receive completions.
+    pub recv_cq: Cq,
+    /// Queue capacities.
+    pub cap: QpCap,
+    /// Signal every send work request, regardless of `SIGNALED`.
+    pub sq_sig_all: bool,
 }
 
 /// Provider side of an RC queue pair.

@@ -1,7 +1,6 @@
 //! Queue-pair attributes and the IBA QP state machine (IBA §10.3, ibverbs
 //! `ibv_modify_qp`).
 
-use crate::provider::Cq;
 use crate::types::{AccessFlags, Gid, Mac, Mtu};
 
 /// QP states. Transitions allowed by [`QpState::can_transition`]:
@@ -72,19 +71,6 @@ impl Default for QpCap {
             max_inline_data: 64,
         }
     }
-}
-
-/// Creation attributes of a reliable-connected QP.
-#[derive(Clone)]
-pub struct QpInitAttr {
-    /// CQ for send completions.
-    pub send_cq: Cq,
-    /// CQ for receive completions.
-    pub recv_cq: Cq,
-    /// Queue capacities.
-    pub cap: QpCap,
-    /// Signal every send work request, regardless of `SIGNALED`.
-    pub sq_sig_all: bool,
 }
 
 /// Attributes of RESET → INIT.

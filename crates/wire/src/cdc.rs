@@ -76,6 +76,13 @@ pub struct Cursor {
     pub count: u32,
 }
 
+impl Cursor {
+    /// A cursor with the given wrap counter and offset.
+    pub const fn new(wrap: u16, count: u32) -> Self {
+        Cursor { wrap, count }
+    }
+}
+
 /// A typed view of a CDC message in a buffer.
 #[derive(Debug, Clone, Copy)]
 pub struct CdcMessage<T: AsRef<[u8]>> {
@@ -213,6 +220,12 @@ pub struct CdcRepr {
 }
 
 impl CdcRepr {
+    /// The failover data-validation message (F = 1, RFC 7609 §4.6.1): only its type,
+    /// length, token and sequence number count.
+    pub fn is_failover_validation(&self) -> bool {
+        self.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION)
+    }
+
     /// Parses a checked view.
     pub fn parse<T: AsRef<[u8]>>(m: &CdcMessage<T>) -> CdcRepr {
         CdcRepr {
@@ -244,6 +257,20 @@ impl CdcRepr {
         m.set_prod_flags(self.prod_flags);
         m.set_conn_flags(self.conn_flags);
         Ok(CDC_LEN)
+    }
+
+    /// The 44 bytes of the message (what an RC SEND carries inline).
+    pub fn to_bytes(&self) -> [u8; CDC_LEN] {
+        let mut b = [0u8; CDC_LEN];
+        let mut m = CdcMessage::new_unchecked(&mut b[..]);
+        m.init();
+        m.set_seqno(self.seqno);
+        m.set_token(self.token);
+        m.set_prod(self.prod);
+        m.set_cons(self.cons);
+        m.set_prod_flags(self.prod_flags);
+        m.set_conn_flags(self.conn_flags);
+        b
     }
 }
 

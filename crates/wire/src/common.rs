@@ -86,9 +86,15 @@ impl fmt::Display for U24 {
     }
 }
 
-/// An Ethernet MAC address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// A 48-bit Ethernet MAC address (the RoCE MAC of CLC and LLC; the verbs API's too).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Mac(pub [u8; 6]);
+
+impl fmt::Debug for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Mac({self})")
+    }
+}
 
 impl fmt::Display for Mac {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -101,8 +107,9 @@ impl fmt::Display for Mac {
     }
 }
 
-/// A 16-byte RoCE GID. For RoCEv2 over IPv4 it is the IPv4-mapped IPv6 address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// A 16-byte global identifier (RoCE GID in CLC and LLC; the verbs API's too). On RoCEv2
+/// it is the port's IPv6 address, or the IPv4-mapped address (`::ffff:a.b.c.d`) for IPv4.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
@@ -110,9 +117,38 @@ impl Gid {
     pub fn from_ipv4(ip: core::net::Ipv4Addr) -> Gid {
         Gid(ip.to_ipv6_mapped().octets())
     }
+    /// The GID for an IP address (IPv4 addresses are mapped).
+    pub fn from_ip(ip: core::net::IpAddr) -> Gid {
+        match ip {
+            core::net::IpAddr::V4(v4) => Gid::from_ipv4(v4),
+            core::net::IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
     /// The GID as an IPv6 address.
     pub fn to_ipv6(self) -> core::net::Ipv6Addr {
         core::net::Ipv6Addr::from(self.0)
+    }
+    /// The IP address this GID stands for (IPv4 when it is IPv4-mapped).
+    pub fn to_ip(&self) -> core::net::IpAddr {
+        let v6 = self.to_ipv6();
+        match v6.to_ipv4_mapped() {
+            Some(v4) => core::net::IpAddr::V4(v4),
+            None => core::net::IpAddr::V6(v6),
+        }
+    }
+    /// The IPv4 address if this GID is IPv4-mapped.
+    pub fn to_ipv4(&self) -> Option<core::net::Ipv4Addr> {
+        self.to_ipv6().to_ipv4_mapped()
+    }
+    /// True for the all-zero GID.
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 16]
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({})", self.to_ipv6())
     }
 }
 
@@ -159,7 +195,8 @@ impl fmt::Display for PeerId {
     }
 }
 
-/// QP MTU enumeration (RFC 7609 A.2.3, same numbering as the IBTA path MTU; CHECKLIST A.6a).
+/// QP MTU enumeration (RFC 7609 A.2.3, same numbering as the IBTA path MTU and ibverbs'
+/// `enum ibv_mtu`; CHECKLIST A.6a). The verbs API uses this type as `smc_verbs::Mtu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
 pub enum QpMtu {
@@ -176,6 +213,30 @@ pub enum QpMtu {
 }
 
 impl QpMtu {
+    /// All values, smallest first.
+    pub const ALL: [QpMtu; 5] = [
+        QpMtu::Mtu256,
+        QpMtu::Mtu512,
+        QpMtu::Mtu1024,
+        QpMtu::Mtu2048,
+        QpMtu::Mtu4096,
+    ];
+
+    /// From the IBA enumeration value (1..=5); `None` for anything else.
+    pub fn from_enum(v: u8) -> Option<QpMtu> {
+        Self::ALL.get((v as usize).wrapping_sub(1)).copied()
+    }
+
+    /// From a byte count that is exactly one of the IBA sizes.
+    pub fn from_bytes(n: usize) -> Option<QpMtu> {
+        Self::ALL.iter().copied().find(|m| m.bytes() == n)
+    }
+
+    /// The largest IBA MTU whose payload fits in `n` bytes (as [`QpMtu::from_bytes_floor`]).
+    pub fn largest_fitting(n: usize) -> Option<QpMtu> {
+        Self::from_bytes_floor(n)
+    }
+
     /// Decodes the 4-bit code; 0 and 6..15 are reserved (→ Decline / negative ADD LINK).
     pub fn from_code(code: u8) -> Result<QpMtu> {
         Ok(match code {

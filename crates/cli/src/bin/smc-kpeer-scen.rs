@@ -231,6 +231,8 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    smc_providers::install_default();
+    smc_bpf::install_default();
     let args: Vec<String> = std::env::args().collect();
     let run = || -> Result<()> {
         ensure!(

@@ -4,18 +4,18 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CStr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use smc_verbs::{
-    CompletionHandler, CqOps, QpOps, QpState, Result, VerbsError, WcOpcode, WcStatus,
+    CompletionHandler, CqOps, EventFd, QpOps, QpState, Result, VerbsError, WcOpcode, WcStatus,
     WorkCompletion,
 };
 use tracing::{debug, error, info, warn};
 
 use super::qp::QpInner;
-use super::{drain, errno_error, lock, new_eventfd, signal, Ctx, Shared};
+use super::{errno_error, lock, Ctx, Shared};
 use crate::ffi::{self, Api};
 
 /// Completions polled from the hardware CQ per call.
@@ -30,7 +30,7 @@ pub(super) struct CqInner {
     notify_fn: ffi::ReqNotifyCqFn,
     /// Completions taken from the hardware CQ by `pending` but not yet polled.
     buf: Mutex<VecDeque<WorkCompletion>>,
-    efd: OwnedFd,
+    efd: EventFd,
     handler: Mutex<Option<CompletionHandler>>,
     overflowed: AtomicBool,
 }
@@ -60,12 +60,12 @@ impl CqInner {
             unsafe { (ctx.api.destroy_cq)(cq) };
             return Err(VerbsError::DeviceGone("provider has no poll_cq".into()));
         };
-        let efd = match new_eventfd() {
+        let efd = match EventFd::new() {
             Ok(f) => f,
             Err(e) => {
                 // SAFETY: destroying the CQ created above.
                 unsafe { (ctx.api.destroy_cq)(cq) };
-                return Err(e);
+                return Err(e.into());
             }
         };
         let c = Arc::new(CqInner {
@@ -86,7 +86,7 @@ impl CqInner {
 
     /// The CQ fired: the event fd becomes readable and the handler runs (event thread).
     fn fire(&self) {
-        signal(self.efd.as_raw_fd());
+        self.efd.wake();
         let h = lock(&self.handler).clone();
         if let Some(h) = h {
             h();
@@ -223,21 +223,21 @@ impl CqOps for CqInner {
                 .any(|wc| !solicited_only || wc.solicited || !wc.status.is_ok())
         };
         if waiting {
-            signal(self.efd.as_raw_fd());
+            self.efd.wake();
             if lock(&self.handler).is_some() {
                 // Never from inside req_notify (a handler that re-arms would recurse).
                 lock(&self.ctx.shared.deferred).push(self.id);
-                signal(self.ctx.shared.wake.as_raw_fd());
+                self.ctx.shared.wake.wake();
             }
         }
     }
 
-    fn event_fd(&self) -> RawFd {
-        self.efd.as_raw_fd()
+    fn event_fd(&self) -> BorrowedFd<'_> {
+        self.efd.as_fd()
     }
 
     fn ack_events(&self) {
-        drain(self.efd.as_raw_fd());
+        self.efd.drain();
     }
 
     fn set_handler(&self, handler: Option<CompletionHandler>) {
@@ -305,7 +305,7 @@ impl EventThread {
                 return;
             }
             if fds[2].revents != 0 {
-                drain(wfd);
+                self.shared.wake.drain();
                 let ids = std::mem::take(&mut *lock(&self.shared.deferred));
                 for id in ids {
                     self.fire(id);

@@ -21,14 +21,14 @@ mod qp;
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, CStr};
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 
-use smc_verbs::{CqOps, DeviceAttr, DeviceOps, PdOps, Result, VerbsError};
+use smc_verbs::{CqOps, DeviceAttr, DeviceOps, EventFd, PdOps, Result, VerbsError};
 
 use cq::{CqInner, EventThread};
 use pd::PdInner;
@@ -59,28 +59,6 @@ fn errno_error(what: &'static str, rc: c_int) -> VerbsError {
     }
 }
 
-fn new_eventfd() -> Result<OwnedFd> {
-    // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    // SAFETY: `fd` is a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn signal(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a valid u64 to an eventfd.
-    unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
-}
-
-fn drain(fd: RawFd) {
-    let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a valid u64 from a non-blocking eventfd (EAGAIN is fine).
-    unsafe { libc::read(fd, &mut v as *mut u64 as *mut c_void, 8) };
-}
-
 fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
     // SAFETY: fcntl on a descriptor owned by libibverbs; only the O_NONBLOCK flag changes,
     // which rdma-core documents for the completion channel and async fds.
@@ -104,7 +82,7 @@ struct Shared {
     deferred: Mutex<Vec<u64>>,
     next_cq: AtomicU64,
     /// Wakes the thread (deferred handlers) or stops it (`stop`).
-    wake: OwnedFd,
+    wake: EventFd,
     stop: AtomicBool,
 }
 
@@ -177,7 +155,7 @@ impl Ctx {
         }
         // SAFETY: `channel` and `ctx` are valid; the fds belong to them.
         let (cfd, afd) = unsafe { ((*channel).fd, (*ctx).async_fd) };
-        let wake = new_eventfd()?;
+        let wake = EventFd::new()?;
         if let Err(e) = set_nonblocking(cfd).and_then(|_| set_nonblocking(afd)) {
             // SAFETY: destroying what we created above.
             unsafe { (api.destroy_comp_channel)(channel) };
@@ -246,7 +224,7 @@ impl Ctx {
 impl Drop for Ctx {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        signal(self.shared.wake.as_raw_fd());
+        self.shared.wake.wake();
         if let Some(h) = lock(&self.thread).take() {
             let _ = h.join();
         }

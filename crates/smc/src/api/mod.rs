@@ -10,7 +10,7 @@ pub mod tokio;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -336,10 +336,8 @@ pub(crate) fn connect_one(
     timeout: Option<Duration>,
 ) -> io::Result<Established> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    if let Ok(o) = &stack.bpf {
-        if let Err(e) = o.mark(&sock) {
-            debug!(error = %e, "cannot mark the socket for the SMC-R option");
-        }
+    if let Err(e) = stack.tcp_option.mark(sock.as_fd()) {
+        debug!(error = %e, "cannot mark the socket for the SMC-R option");
     }
     if let Some(ip) = stack.cfg.local_addr {
         if ip.is_ipv4() == addr.is_ipv4() {
@@ -400,26 +398,17 @@ fn each_addr<A: ToSocketAddrs, T>(
 /// `SIOCATMARK` (asm-generic/sockios.h; not in the libc crate).
 const SIOCATMARK: libc::Ioctl = 0x8905;
 
-fn oob_send(fd: i32, byte: u8) -> io::Result<()> {
-    // SAFETY: sends one byte from a valid local variable on a socket we own.
-    let r = unsafe { libc::send(fd, (&byte as *const u8).cast(), 1, libc::MSG_OOB) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+fn oob_send(s: &TcpStream, byte: u8) -> io::Result<()> {
+    socket2::SockRef::from(s).send_out_of_band(&[byte])?;
+    Ok(())
 }
 
-fn oob_recv(fd: i32) -> io::Result<u8> {
-    let mut b = 0u8;
-    // SAFETY: receives at most one byte into a valid local variable.
-    let r = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_OOB) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else if r == 0 {
-        Err(io::Error::new(ErrorKind::InvalidInput, "no urgent data"))
-    } else {
-        Ok(b)
+fn oob_recv(s: &TcpStream) -> io::Result<u8> {
+    let mut b = [std::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(s).recv_out_of_band(&mut b)? {
+        0 => Err(io::Error::new(ErrorKind::InvalidInput, "no urgent data")),
+        // SAFETY: recv reported one byte written into `b`.
+        _ => Ok(unsafe { b[0].assume_init() }),
     }
 }
 
@@ -571,7 +560,7 @@ impl SmcStream {
     pub fn send_urgent(&self, byte: u8) -> io::Result<()> {
         match &self.inner {
             Inner2::Smc(h) => h.send_urgent(byte),
-            Inner2::Tcp(s, _) => oob_send(s.as_raw_fd(), byte),
+            Inner2::Tcp(s, _) => oob_send(s, byte),
         }
     }
 
@@ -580,7 +569,7 @@ impl SmcStream {
     pub fn recv_urgent(&self) -> io::Result<u8> {
         match &self.inner {
             Inner2::Smc(h) => h.recv_urgent(),
-            Inner2::Tcp(s, _) => oob_recv(s.as_raw_fd()),
+            Inner2::Tcp(s, _) => oob_recv(s),
         }
     }
 
@@ -700,10 +689,8 @@ impl SmcListener {
         each_addr(addr, |a| {
             let sock = Socket::new(Domain::for_address(a), Type::STREAM, Some(Protocol::TCP))?;
             sock.set_reuse_address(true)?;
-            if let Ok(o) = &inner.bpf {
-                if let Err(e) = o.mark(&sock) {
-                    debug!(error = %e, "cannot mark the listener for the SMC-R option");
-                }
+            if let Err(e) = inner.tcp_option.mark(sock.as_fd()) {
+                debug!(error = %e, "cannot mark the listener for the SMC-R option");
             }
             sock.bind(&a.into())?;
             sock.listen(1024)?;

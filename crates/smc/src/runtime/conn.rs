@@ -13,13 +13,12 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use smc_verbs::{Mr, RdmaBuffer};
-use smc_wire::cdc::{self as wcdc, CdcRepr};
 use tracing::{debug, warn};
 
-use super::link::{wr_cdc, LinkRes, TX_SLOTS};
+use super::link::{wr_cdc, LinkRes, SlotWaiter, TX_SLOTS};
 use super::{Inbox, Inner};
-use crate::clc::{LgrId, RmbId};
-use crate::conn::{CdcMsg, Conn, ConnStateFlags, Cursor, Events, ProducerFlags};
+use crate::clc::LgrId;
+use crate::conn::{CdcRepr, Conn, Events};
 
 /// Mutable state of a connection, under [`ConnShared::state`].
 pub(crate) struct ConnState {
@@ -50,7 +49,6 @@ pub(crate) struct ConnShared {
     pub token: u32,
     pub lgr: LgrId,
     pub link: Arc<LinkRes>,
-    pub rmb_id: RmbId,
     pub rmb: Arc<RdmaBuffer>,
     pub sndbuf: Arc<RdmaBuffer>,
     pub sndbuf_mr: Mr,
@@ -80,43 +78,13 @@ impl std::fmt::Debug for ConnShared {
     }
 }
 
-pub(crate) fn to_wire(m: &CdcMsg) -> [u8; 44] {
-    let r = CdcRepr {
-        seqno: m.seq,
-        token: m.token,
-        prod: wcdc::Cursor {
-            wrap: m.prod.wrap,
-            count: m.prod.count,
-        },
-        cons: wcdc::Cursor {
-            wrap: m.cons.wrap,
-            count: m.cons.count,
-        },
-        prod_flags: wcdc::ProducerFlags::from_bits_truncate(m.prod_flags.bits()),
-        conn_flags: wcdc::ConnStateFlags::from_bits_truncate(m.conn_flags.bits()),
-    };
-    let mut b = [0u8; 44];
-    // Never fails: the buffer is exactly 44 bytes.
-    let _ = r.emit(&mut b);
-    b
-}
-
-pub(crate) fn from_wire(b: &[u8]) -> Option<CdcMsg> {
-    let r = CdcRepr::parse_bytes(b).ok()?;
-    Some(CdcMsg {
-        seq: r.seqno,
-        token: r.token,
-        prod: Cursor {
-            wrap: r.prod.wrap,
-            count: r.prod.count,
-        },
-        cons: Cursor {
-            wrap: r.cons.wrap,
-            count: r.cons.count,
-        },
-        prod_flags: ProducerFlags::from_bits_truncate(r.prod_flags.bits()),
-        conn_flags: ConnStateFlags::from_bits_truncate(r.conn_flags.bits()),
-    })
+impl SlotWaiter for ConnShared {
+    /// Send slots came back: try again.
+    fn kick(&self) {
+        let mut st = self.lock();
+        st.waiting_slots = false;
+        self.drive(&mut st, Instant::now());
+    }
 }
 
 impl ConnShared {
@@ -153,6 +121,12 @@ impl ConnShared {
             if st.conn.needs_failover() {
                 return;
             }
+            // A destroyed link posts nothing and gives no slot back; its link group's
+            // machine ends every connection on it (no failover: RFC 7609 §4.8.3), so
+            // waiting for slots there would only wait forever.
+            if self.link.dead.load(Ordering::SeqCst) {
+                return;
+            }
             if !self.link.try_reserve(TX_SLOTS) {
                 if !st.waiting_slots {
                     st.waiting_slots = true;
@@ -175,13 +149,13 @@ impl ConnShared {
             for (i, w) in t.writes().iter().enumerate() {
                 writes[i] = (self.peer_base + u64::from(w.dst_off), w.src_off, w.len);
             }
-            let cdc = to_wire(&t.cdc);
+            let cdc = t.cdc.to_bytes();
             let res = self.link.post_transmit(
                 &writes[..n],
                 self.peer_rkey,
                 &self.sndbuf_mr,
                 &cdc,
-                wr_cdc(self.token, t.cdc.seq, n as u8 + 1),
+                wr_cdc(self.token, t.cdc.seqno, n as u8 + 1),
                 TX_SLOTS,
             );
             match res {
@@ -190,7 +164,7 @@ impl ConnShared {
                 }
                 Err(e) => {
                     warn!(token = self.token, error = %e, "posting a CDC failed");
-                    st.conn.on_cdc_send_failed(t.cdc.seq);
+                    st.conn.on_cdc_send_failed(t.cdc.seqno);
                     if let Some(s) = self.stack.upgrade() {
                         s.post(Inbox::LinkError {
                             lgr: self.lgr,
@@ -244,15 +218,8 @@ impl ConnShared {
         }
     }
 
-    /// Send slots came back: try again.
-    pub(crate) fn kick(&self) {
-        let mut st = self.lock();
-        st.waiting_slots = false;
-        self.drive(&mut st, Instant::now());
-    }
-
     /// A received CDC (completion thread).
-    pub(crate) fn on_cdc(&self, msg: &CdcMsg, now: Instant) {
+    pub(crate) fn on_cdc(&self, msg: &CdcRepr, now: Instant) {
         let mut st = self.lock();
         let before = st.conn.rx_consumed() + st.conn.rx_unread();
         let rmb = &self.rmb;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
+use arrayvec::ArrayVec;
 use smc_verbs::{
     AccessFlags, AddressHandle, Cq, Device, InitAttr, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr,
     RdmaBuffer, RecvWr, RtrAttr, RtsAttr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
@@ -19,7 +20,6 @@ use smc_verbs::{
 use smc_wire::cdc::CDC_TYPE;
 use tracing::{debug, trace, warn};
 
-use super::conn::ConnShared;
 use super::{Inbox, Inner};
 use crate::clc::LgrId;
 use crate::llc;
@@ -45,6 +45,14 @@ const CTL_SLOT: usize = 64;
 const CTL_SLOTS: usize = 4096;
 /// Send slots a transmit needs at most: three RDMA WRITEs and the CDC.
 pub(crate) const TX_SLOTS: i64 = 4;
+
+/// Something waiting for send slots on a link (a connection whose CDC or RDMA WRITE did
+/// not fit): kicked when slots come back or the link dies. A trait so that the link
+/// does not import the connection that imports it.
+pub(crate) trait SlotWaiter: Send + Sync {
+    /// Slots are free again (or the link is dead): try again.
+    fn kick(&self);
+}
 /// LLC messages of one link waiting for the event thread at most. A peer has a few LLC
 /// exchanges in flight at a time (RFC 7609 §3.5.5.3 serializes them); a flood beyond this
 /// is dropped on arrival, so it costs no memory and no event-thread time that other link
@@ -105,7 +113,7 @@ pub(crate) struct LinkRes {
     /// Free send-queue slots (given back by the signalled WR that ends each batch).
     send_free: AtomicI64,
     /// Connections waiting for send slots.
-    waiters: Mutex<VecDeque<Weak<ConnShared>>>,
+    waiters: Mutex<VecDeque<Weak<dyn SlotWaiter>>>,
     /// A receive completion arrived since the event thread last looked (TEST LINK).
     pub activity: AtomicBool,
     /// LLC messages of this link in the event thread's inbox ([`MAX_LLC_QUEUED`]).
@@ -280,15 +288,31 @@ impl LinkRes {
     }
 
     /// Queue a connection to be driven when send slots come back.
-    pub(crate) fn add_waiter(&self, conn: &Arc<ConnShared>) {
+    pub(crate) fn add_waiter<W: SlotWaiter + 'static>(&self, conn: &Arc<W>) {
         if let Ok(mut w) = self.waiters.lock() {
-            w.push_back(Arc::downgrade(conn));
+            let weak: Weak<dyn SlotWaiter> = Arc::downgrade(conn) as Weak<dyn SlotWaiter>;
+            w.push_back(weak);
         }
     }
 
     fn wake_waiters(&self) {
+        if self.dead.load(Ordering::SeqCst) {
+            // Every waiter once: a dead link never gives slots back, so a connection
+            // kicked here must not be popped again even if it queued itself anew (the
+            // event thread would spin forever, stopping the whole stack).
+            let all = match self.waiters.lock() {
+                Ok(mut w) => std::mem::take(&mut *w),
+                Err(_) => return,
+            };
+            for c in all {
+                if let Some(c) = c.upgrade() {
+                    c.kick();
+                }
+            }
+            return;
+        }
         loop {
-            if !self.dead.load(Ordering::SeqCst) && self.free_slots() < TX_SLOTS {
+            if self.free_slots() < TX_SLOTS {
                 return;
             }
             let next = match self.waiters.lock() {
@@ -375,7 +399,8 @@ impl LinkRes {
             sges[i] = sndbuf.sge(src_off as usize, len);
         }
         sges[writes.len()] = self.ctl_sge(cdc);
-        let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(writes.len() + 1);
+        // On the stack: a transmit is at most three WRITEs and the CDC ([`TX_SLOTS`]).
+        let mut wrs: ArrayVec<SendWr<'_>, { TX_SLOTS as usize }> = ArrayVec::new();
         for (i, &(remote, _, _)) in writes.iter().enumerate() {
             wrs.push(SendWr {
                 wr_id: WR_WRITE,
@@ -458,7 +483,7 @@ impl LinkRes {
             KIND_CDC => {
                 let token = ((wc.wr_id >> 16) & 0xFFFF_FFFF) as u32;
                 let seq = (wc.wr_id & 0xFFFF) as u16;
-                if let Some(c) = stack.conn_by_token(token) {
+                if let Some(c) = stack.conn_by_token(token, self.lgr) {
                     c.on_cdc_complete(seq, ok);
                 }
             }
@@ -538,5 +563,78 @@ impl LinkRes {
                 debug!(error = %e, "receive repost failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use crate::{SmcListener, SmcStream, Stack, StackConfig};
+
+    /// A loopback address private to this test process (as tests/common does).
+    fn ip(host: u8) -> std::net::IpAddr {
+        let pid = std::process::id();
+        format!("127.{}.{}.{host}", 100 + pid % 100, (pid / 100) % 250)
+            .parse()
+            .unwrap()
+    }
+
+    fn stack(local: std::net::IpAddr) -> Stack {
+        let mut c = StackConfig::with_provider(smc_softroce::SoftRoce::global());
+        c.skip_tcp_option = format!("{}/24", ip(0)).parse().unwrap();
+        c.local_addr = Some(local);
+        Stack::new(c).unwrap()
+    }
+
+    /// A link destroyed while a connection waits for its send slots (a peer that stops
+    /// acknowledging, or an LLC flood that filled the send queue, then the link is taken
+    /// down): every waiter is woken once and `destroy` returns. It used to kick the
+    /// same connection forever — the connection, finding no slot, queued itself again —
+    /// and the event thread that destroys links stopped the whole stack.
+    #[test]
+    fn destroying_a_link_wakes_each_waiting_connection_once() {
+        let (sip, cip) = (ip(60), ip(61));
+        let (srv, cli) = (stack(sip), stack(cip));
+        let l = SmcListener::bind_with(&srv, (sip, 0)).unwrap();
+        let to = l.local_addr().unwrap();
+        let c = SmcStream::connect_with(&cli, to).unwrap();
+        let (_s, _) = l.accept().unwrap();
+        assert!(c.mode().is_smc(), "{}", c.mode());
+        let conns = cli.inner.lock_core().conns();
+        assert_eq!(conns.len(), 1);
+        let conn = conns[0].clone();
+        let link = conn.link.clone();
+        // Every send slot taken (as by work the peer never acknowledges), then data to
+        // send: the connection registers as a waiter.
+        let mut waiting = false;
+        for _ in 0..100 {
+            let free = link.free_slots();
+            if free > 0 {
+                let _ = link.try_reserve(free);
+            }
+            (&c).write_all(&[7u8; 1000]).unwrap();
+            if conn.lock().waiting_slots {
+                waiting = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(waiting, "the connection never waited for send slots");
+        let (tx, rx) = mpsc::channel();
+        let l2 = link.clone();
+        std::thread::spawn(move || {
+            l2.destroy();
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "destroying the link never returned (its waiters were kicked in a loop)"
+        );
+        // Nobody waits on a dead link any more.
+        assert!(link.waiters.lock().unwrap().is_empty());
+        drop((c, conn, link));
     }
 }

@@ -1,19 +1,23 @@
 //! The SMC-R runtime: everything that does I/O (docs/core-design.md "runtime").
 //!
-//! A [`Stack`] owns the configuration, the verbs [`Provider`], the Peer ID, the link
-//! groups with their QPs and RMBs, the alert-token registry and one event thread. The
-//! event thread runs the rendezvous machines on the TCP sockets, the link-group
-//! machines (LLC), every timer, and watches the idle TCP connection of every SMC-R
-//! connection for its FIN or RST (RFC 7609 §4.8). The data path does not go through
-//! it: application threads post RDMA WRITE + CDC themselves and the provider's
-//! completion thread processes received CDCs (`runtime/conn.rs`).
+//! A [`Stack`] owns the configuration, the verbs [`Provider`], the Peer ID, the
+//! protocol [`Endpoint`](crate::endpoint::Endpoint) with the QPs and RMBs it asked for
+//! (`host.rs`), the alert-token table and one event thread. The event thread
+//! (`core.rs`) drives the endpoint — which runs the rendezvous and link-group machines —
+//! with the bytes of the rendezvous' TCP sockets, the LLC messages of the links and the
+//! clock, carries out what it decides, runs the connections' timers, and watches the idle
+//! TCP connection of every SMC-R connection for its FIN or RST (RFC 7609 §4.8). The data
+//! path does not go through it: application threads post RDMA WRITE + CDC themselves and
+//! the provider's completion thread processes received CDCs (`conn.rs`, `link.rs`).
 
 pub(crate) mod conn;
 mod core;
+mod host;
 pub(crate) mod link;
+mod routes;
 mod sys;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -23,13 +27,15 @@ use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use smc_bpf::{SkipOptionPolicy, SmcOption, Unavailable};
+use crate::tcp_option::{SkipOptionPolicy, TcpOption};
 use smc_verbs::Provider;
 use smc_wire::common::{Mac, PeerId};
 use tracing::{debug, trace, warn};
 
 use crate::clc::{ClcConfig, FallbackReason, LgrId, UeidTable};
 use crate::conn::{ConnConfig, UpdatePolicy};
+use crate::endpoint::tokens::{Route, TokenTable};
+use crate::endpoint::EndpointConfig;
 use crate::llc;
 
 pub(crate) use self::conn::ConnShared;
@@ -39,7 +45,8 @@ use self::sys::EventFd;
 /// Configuration of a [`Stack`].
 #[derive(Clone)]
 pub struct StackConfig {
-    /// The RDMA provider (`from_env`: chosen by `smc_providers::from_env`).
+    /// The RDMA provider (`from_env`: the one installed with
+    /// [`crate::defaults::set_provider`], e.g. by `smc_providers::install_default`).
     pub provider: Arc<dyn Provider>,
     /// Size of the RMB element of each connection (rounded up to the compressed
     /// notation of RFC 7609 A.2.3: 16 KiB × 2^n).
@@ -65,8 +72,10 @@ pub struct StackConfig {
     /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
     /// default; `SMC_RS_SKIP_TCP_OPTION`).
     pub skip_tcp_option: SkipOptionPolicy,
-    /// Use the smc-bpf TCP option (RFC 7609 §3.1) when its program is installed.
-    pub tcp_option: bool,
+    /// Where the SMC-R TCP option (RFC 7609 §3.1) comes from (`from_env`: the source
+    /// installed with [`crate::defaults::set_tcp_option`], e.g. the eBPF program of
+    /// `smc_bpf::install_default`); `None`: never announced.
+    pub tcp_option: Option<Arc<dyn TcpOption>>,
     /// Client sockets bind to this address before connecting (tests: 127.0.0.1 vs
     /// 127.0.0.2 in one process).
     pub local_addr: Option<IpAddr>,
@@ -111,7 +120,7 @@ const BUSY_POLL_US: u64 = 0;
 
 impl StackConfig {
     /// Defaults with the given provider: v1 and v2 offered (v2 only with a UEID, like
-    /// Linux), 256 KiB buffers, Linux timers, no TCP-option override.
+    /// Linux), 256 KiB buffers, Linux timers, no TCP-option source and no override.
     pub fn with_provider(provider: Arc<dyn Provider>) -> StackConfig {
         StackConfig {
             provider,
@@ -125,7 +134,7 @@ impl StackConfig {
             keepalive: Some(Duration::from_secs(30)),
             llc_reply_timeout: Duration::from_secs(2),
             skip_tcp_option: SkipOptionPolicy::disabled(),
-            tcp_option: true,
+            tcp_option: None,
             local_addr: None,
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
@@ -138,17 +147,18 @@ impl StackConfig {
         }
     }
 
-    /// The process default: the provider `SMC_RS_PROVIDER` selects (`smc_providers`:
-    /// auto, the default, uses a libibverbs device where one serves the address and the
-    /// software RNIC elsewhere), UEIDs from `SMC_RS_UEID` /
+    /// The process default: the provider and TCP-option source installed in
+    /// [`crate::defaults`] (`smc_providers::install_default` picks the provider
+    /// `SMC_RS_PROVIDER` selects; `smc_bpf::install_default` the eBPF option), UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
-        let mut c = StackConfig::with_provider(smc_providers::from_env());
-        match UeidTable::from_env_or_file() {
+        let mut c = StackConfig::with_provider(crate::defaults::provider());
+        c.tcp_option = Some(crate::defaults::tcp_option());
+        match crate::ueid_file::from_env_or_file() {
             Ok(t) => c.ueids = t,
             Err(e) => warn!(error = %e, "UEIDs ignored"),
         }
@@ -204,6 +214,18 @@ impl StackConfig {
         c
     }
 
+    fn endpoint_config(&self, clc: &ClcConfig) -> EndpointConfig {
+        EndpointConfig {
+            clc: clc.clone(),
+            rmb_size: self.rmb_size,
+            sndbuf_size: self.sndbuf_size.min(u32::MAX as usize) as u32,
+            rmb_cache: self.rmb_cache,
+            lgr_idle_timeout: self.lgr_idle_timeout,
+            keepalive: self.keepalive,
+            llc_reply_timeout: self.llc_reply_timeout,
+        }
+    }
+
     fn clc_config(&self) -> ClcConfig {
         let mut c = self.clc.clone();
         c.v1 = self.v1;
@@ -220,13 +242,9 @@ impl StackConfig {
 }
 
 fn host_name() -> Option<smc_wire::common::HostName> {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into our buffer.
-    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    let s = std::str::from_utf8(&buf[..end]).ok()?;
+    // The node name of uname(2) is the host name (what gethostname returns on Linux).
+    let uts = rustix::system::uname();
+    let s = uts.nodename().to_str().ok()?;
     let s: String = s.chars().take(32).collect();
     smc_wire::common::Name32::new(&s)
 }
@@ -346,17 +364,11 @@ pub struct Stats {
     pub llc_dropped: u64,
 }
 
+/// Counters the runtime keeps itself (the endpoint counts the rest).
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub smc_total: AtomicU64,
-    pub first_contacts: AtomicU64,
-    pub fallbacks: AtomicU64,
-    pub resets: AtomicU64,
-    pub rmbs_deleted: AtomicU64,
-    pub lgrs_ended: AtomicU64,
-    pub links_failed: AtomicU64,
-    pub llc_received: AtomicU64,
     pub llc_sent: AtomicU64,
+    /// LLC messages dropped on arrival (a link's inbox was full).
     pub llc_dropped: AtomicU64,
 }
 
@@ -383,100 +395,6 @@ pub(crate) enum Inbox {
     ConnClosed,
     /// The application dropped its last handle.
     Released,
-}
-
-/// Alert tokens (RFC 7609 §4.1, A.2.3): random 32-bit values, so that a peer cannot
-/// name a connection it was not told about. A token is the only thing a CDC says about
-/// its connection; with sequential tokens a peer with a link group of its own could
-/// guess the tokens of other peers' connections and inject into them. Each token also
-/// remembers the link group it was allocated in: a CDC counts only when it arrives on
-/// a link of that link group, attached or not yet attached.
-#[derive(Default)]
-pub(crate) struct Tokens {
-    map: HashMap<u32, TokenSlot>,
-}
-
-struct TokenSlot {
-    lgr: LgrId,
-    conn: Option<Arc<ConnShared>>,
-    /// CDCs that arrived before the rendezvous finished here: on subsequent contact the
-    /// client may write as soon as its Confirm is out, so its first CDC can overtake
-    /// the Confirm's processing on our event thread.
-    early: Vec<[u8; 44]>,
-}
-
-/// Most early CDCs kept per token (a well-behaved peer sends a handful at most before
-/// the Confirm is processed: its window is our whole RMBE).
-const MAX_EARLY_CDCS: usize = 64;
-/// Most tokens in use at once (connections plus rendezvous of a stack).
-const MAX_TOKENS: usize = 1 << 20;
-
-impl Tokens {
-    /// A fresh token for a connection in link group `lgr`: random, never 0, never one
-    /// in use.
-    fn alloc(&mut self, lgr: LgrId) -> Option<u32> {
-        if self.map.len() >= MAX_TOKENS {
-            return None;
-        }
-        loop {
-            let t = rand::random::<u32>();
-            if t == 0 || self.map.contains_key(&t) {
-                continue;
-            }
-            self.map.insert(
-                t,
-                TokenSlot {
-                    lgr,
-                    conn: None,
-                    early: Vec::new(),
-                },
-            );
-            return Some(t);
-        }
-    }
-
-    /// Attaches the connection; returns the CDCs that arrived before it.
-    fn set(&mut self, token: u32, conn: Arc<ConnShared>) -> Vec<[u8; 44]> {
-        match self.map.get_mut(&token) {
-            Some(s) => {
-                s.conn = Some(conn);
-                std::mem::take(&mut s.early)
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// Keeps a CDC that arrived on a link of `lgr` for a token whose connection is not
-    /// attached yet; returns the connection instead if it is attached by now. A CDC
-    /// from another link group than the token's is dropped.
-    fn early(&mut self, token: u32, lgr: LgrId, cdc: &[u8; 44]) -> Option<Arc<ConnShared>> {
-        let s = self.map.get_mut(&token)?;
-        if s.lgr != lgr {
-            debug!(token, "CDC for a token of another link group dropped");
-            return None;
-        }
-        if let Some(c) = &s.conn {
-            return Some(c.clone());
-        }
-        if s.early.len() < MAX_EARLY_CDCS {
-            s.early.push(*cdc);
-        } else {
-            debug!(token, "too many early CDCs; dropped");
-        }
-        None
-    }
-
-    fn get(&self, token: u32) -> Option<Arc<ConnShared>> {
-        self.map.get(&token)?.conn.clone()
-    }
-
-    fn release(&mut self, token: u32) {
-        self.map.remove(&token);
-    }
-
-    fn used(&self) -> usize {
-        self.map.len()
-    }
 }
 
 /// What a rendezvous hands to the API.
@@ -560,9 +478,9 @@ pub(crate) struct Inner {
     pub clc: ClcConfig,
     instance: u16,
     peer_id: OnceLock<PeerId>,
-    pub bpf: Result<SmcOption, Unavailable>,
+    pub tcp_option: Arc<dyn TcpOption>,
     core: Mutex<Core>,
-    tokens: RwLock<Tokens>,
+    pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
     efd: EventFd,
     stop: AtomicBool,
@@ -590,33 +508,34 @@ impl Inner {
         self.efd.wake();
     }
 
-    pub(crate) fn conn_by_token(&self, token: u32) -> Option<Arc<ConnShared>> {
-        self.tokens.read().ok()?.get(token)
+    /// The connection of `token` in link group `lgr` (CDC send completions).
+    pub(crate) fn conn_by_token(&self, token: u32, lgr: LgrId) -> Option<Arc<ConnShared>> {
+        self.tokens.read().ok()?.get(token, lgr).cloned()
     }
 
-    /// A received CDC (completion thread): find the connection by its alert token and
-    /// check it came on that connection's link.
+    /// A received CDC (completion thread): to the connection its alert token names, if
+    /// it came on a link of that connection's link group; kept while the connection's
+    /// rendezvous still runs here (`endpoint::tokens`).
     pub(crate) fn on_cdc(&self, link: &link::LinkRes, bytes: &[u8; 44], now: Instant) {
-        let Some(msg) = conn::from_wire(bytes) else {
+        let Ok(msg) = crate::conn::CdcRepr::parse_bytes(bytes) else {
             return;
         };
-        let conn = match self.conn_by_token(msg.token) {
+        let conn = match self.conn_by_token(msg.token, link.lgr) {
             Some(c) => Some(c),
             None => match self.tokens.write() {
-                Ok(mut t) => t.early(msg.token, link.lgr, bytes),
+                Ok(mut t) => match t.route(link.lgr, &msg) {
+                    Route::Conn(c) => Some(c),
+                    Route::Kept => None,
+                    Route::Dropped(why) => {
+                        trace!(token = msg.token, ?why, "CDC dropped");
+                        None
+                    }
+                },
                 Err(_) => None,
             },
         };
-        match conn {
-            Some(c) if c.lgr == link.lgr => c.on_cdc(&msg, now),
-            Some(_) => debug!(
-                token = msg.token,
-                "CDC for a connection of another link group dropped"
-            ),
-            None => trace!(
-                token = msg.token,
-                "CDC kept for later or dropped (no connection)"
-            ),
+        if let Some(c) = conn {
+            c.on_cdc(&msg, now);
         }
     }
 
@@ -690,23 +609,19 @@ impl Stack {
     /// A new stack with its own Peer ID and event thread.
     pub fn new(config: StackConfig) -> io::Result<Stack> {
         let clc = config.clc_config();
-        let bpf = if config.tcp_option {
-            SmcOption::open()
-        } else {
-            Err(Unavailable {
-                reason: "SMC-R option disabled by configuration".into(),
-            })
-        };
-        if let Err(u) = &bpf {
-            debug!(reason = %u, "TCP option not available");
-        }
+        let ep_cfg = config.endpoint_config(&clc);
+        let tcp_option = config.tcp_option.clone().unwrap_or_else(|| {
+            Arc::new(crate::tcp_option::NoTcpOption::new(
+                "SMC-R option disabled by configuration",
+            ))
+        });
         let inner = Arc::new(Inner {
             clc,
             instance: rand::random::<u16>(),
             peer_id: OnceLock::new(),
-            bpf,
-            core: Mutex::new(Core::default()),
-            tokens: RwLock::new(Tokens::default()),
+            tcp_option,
+            core: Mutex::new(Core::new(ep_cfg)),
+            tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
             efd: EventFd::new()?,
             stop: AtomicBool::new(false),
@@ -742,25 +657,17 @@ impl Stack {
     pub fn stats(&self) -> Stats {
         let mut s = self.inner.lock_core().stats();
         let c = &self.inner.counters;
-        s.alert_tokens = self.inner.tokens.read().map(|t| t.used()).unwrap_or(0);
+        s.alert_tokens = self.inner.tokens.read().map(|t| t.len()).unwrap_or(0);
         s.fds = sys::count_fds();
-        s.smc_total = c.smc_total.load(Ordering::Relaxed);
-        s.first_contacts = c.first_contacts.load(Ordering::Relaxed);
-        s.fallbacks = c.fallbacks.load(Ordering::Relaxed);
-        s.resets = c.resets.load(Ordering::Relaxed);
-        s.rmbs_deleted = c.rmbs_deleted.load(Ordering::Relaxed);
-        s.lgrs_ended = c.lgrs_ended.load(Ordering::Relaxed);
-        s.links_failed = c.links_failed.load(Ordering::Relaxed);
-        s.llc_received = c.llc_received.load(Ordering::Relaxed);
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
-        s.llc_dropped = c.llc_dropped.load(Ordering::Relaxed);
+        s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
         s
     }
 
     /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.
     pub fn terminate_link_groups(&self) {
         let mut core = self.inner.lock_core();
-        core.terminate_all(Instant::now());
+        core.terminate_all(&self.inner, Instant::now());
         drop(core);
         self.inner.wake();
     }
@@ -777,54 +684,3 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 10 item 4: a peer must not be able to guess another connection's token
-    /// (they used to be `generation << 16 | slot`, so the next one was known).
-    #[test]
-    fn alert_tokens_are_unpredictable() {
-        let mut t = Tokens::default();
-        let toks: Vec<u32> = (0..64).map(|_| t.alloc(LgrId(1)).unwrap()).collect();
-        assert!(toks.iter().all(|&x| x != 0));
-        let mut uniq = toks.clone();
-        uniq.sort_unstable();
-        uniq.dedup();
-        assert_eq!(uniq.len(), toks.len(), "tokens are unique");
-        // Sequential slots would keep the low half below 64 and the high half constant;
-        // random tokens leave both (with probability 1 - 2^-600 or so).
-        assert!(toks.iter().any(|&x| x & 0xFFFF >= 64));
-        assert!(toks.windows(2).any(|w| w[0] >> 16 != w[1] >> 16));
-        assert!(!toks
-            .windows(2)
-            .all(|w| w[1].wrapping_sub(w[0]) == toks[1].wrapping_sub(toks[0])));
-        assert_eq!(t.used(), 64);
-        for x in toks {
-            t.release(x);
-        }
-        assert_eq!(t.used(), 0);
-    }
-
-    /// Issue 10 item 4: a CDC that reaches a token before its connection is attached
-    /// counts only when it came from the link group that will own the connection.
-    #[test]
-    fn early_cdcs_only_from_the_owning_link_group() {
-        let mut t = Tokens::default();
-        let tok = t.alloc(LgrId(7)).unwrap();
-        let foreign = [0xFEu8; 44];
-        assert!(t.early(tok, LgrId(8), &foreign).is_none());
-        let mut own = [0xFEu8; 44];
-        own[1] = 44;
-        assert!(t.early(tok, LgrId(7), &own).is_none());
-        // Unknown tokens keep nothing.
-        assert!(t.early(tok.wrapping_add(1), LgrId(7), &own).is_none());
-        let m = t.map.get(&tok).unwrap();
-        assert_eq!(
-            m.early,
-            vec![own],
-            "only the owning link group's CDC was kept"
-        );
-    }
-}

@@ -48,7 +48,7 @@ pub fn provider() -> std::sync::Arc<dyn smc_verbs::Provider> {
 /// option for `peers`.
 pub fn config(local: &str, peers: &str) -> StackConfig {
     let mut c = StackConfig::with_provider(provider());
-    c.tcp_option = false;
+    c.tcp_option = None;
     c.skip_tcp_option = peers.parse().expect("policy");
     c.local_addr = Some(local.parse().unwrap());
     c

@@ -1,0 +1,281 @@
+//! The races that used to be reachable only by threaded end-to-end tests, replayed from
+//! seeds (issue 11). Each scenario runs over many seeds; a failure names its seed, and
+//! `SMC_SIM_SEED=<seed>` runs just that one. `SMC_SIM_SEEDS=<n>` runs more (default 64;
+//! CI keeps the default).
+
+use std::time::Duration;
+
+use super::*;
+use crate::conn::ConnConfig;
+
+fn seeds() -> Vec<u64> {
+    if let Ok(s) = std::env::var("SMC_SIM_SEED") {
+        return vec![s.parse().expect("SMC_SIM_SEED is a number")];
+    }
+    let n = std::env::var("SMC_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64u64);
+    (0..n).collect()
+}
+
+/// Runs `f` for every seed; a panic names the seed and the one-line reproduction.
+/// Returns on how many seeds `f` said the race under test was reached.
+fn each_seed(name: &str, f: impl Fn(u64) -> bool + std::panic::RefUnwindSafe) -> usize {
+    let mut reached = 0;
+    for seed in seeds() {
+        match std::panic::catch_unwind(|| f(seed)) {
+            Ok(r) => reached += usize::from(r),
+            Err(e) => {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                panic!(
+                    "{name} failed with seed {seed}: {msg}\n  reproduce: SMC_SIM_SEED={seed} cargo test -p smc-proto --lib endpoint::sim::tests::{name}"
+                );
+            }
+        }
+    }
+    reached
+}
+
+/// A race the scenario is about was reached by some seed (unless one seed was asked for).
+fn assert_reached(name: &str, reached: usize) {
+    assert!(
+        reached > 0 || std::env::var("SMC_SIM_SEED").is_ok(),
+        "{name}: no seed reached the race"
+    );
+}
+
+fn payload(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn world(seed: u64) -> (World, NodeId, NodeId) {
+    let mut w = World::new(seed);
+    let s = w.add_node(config(), ConnConfig::default());
+    let c = w.add_node(config(), ConnConfig::default());
+    (w, s, c)
+}
+
+/// Every client application ended well: SMC-R, its data echoed back exactly.
+fn check_clients(w: &World, node: NodeId, sent: &[Vec<u8>]) {
+    let res = w.nodes[node].results();
+    assert_eq!(res.len(), sent.len());
+    for (r, data) in res.iter().zip(sent) {
+        assert_eq!(r.smc, Some(true), "SMC-R: {r:?}");
+        assert!(r.error.is_none(), "no error: {:?}", r.error);
+        assert!(r.done, "read to the end and closed");
+        assert!(
+            r.received == *data,
+            "echo intact ({} of {} bytes)",
+            r.received.len(),
+            data.len()
+        );
+    }
+}
+
+/// Nothing left behind: connections released, tokens and RMB elements given back.
+fn check_clean(w: &World) {
+    for n in &w.nodes {
+        assert_eq!(
+            n.violations(),
+            0,
+            "node {}: writes outside registered memory",
+            n.id
+        );
+        assert_eq!(n.conns(), 0, "node {}: connections left", n.id);
+        assert_eq!(n.tokens(), 0, "node {}: alert tokens left", n.id);
+        let (_, in_use) = n.ep.rmb_counts();
+        assert_eq!(in_use, 0, "node {}: RMB elements in use", n.id);
+        assert_eq!(n.ep.rendezvous_count(), 0, "node {}: rendezvous left", n.id);
+    }
+}
+
+/// First contacts from one address are serialized on the server (Linux
+/// `smc_server_lgr_pending`): five
+/// connections opened at once from one client share one link group.
+#[test]
+fn first_contact_serialization() {
+    each_seed("first_contact_serialization", |seed| {
+        let (mut w, s, c) = world(seed);
+        let mut sent = Vec::new();
+        for i in 0..5 {
+            let data = payload(seed * 10 + i, 3000 + 997 * i as usize);
+            sent.push(data.clone());
+            let at = w.delay((0, 300));
+            w.connect_at(
+                at,
+                c,
+                s,
+                App::Client {
+                    data,
+                    half_close_first: false,
+                },
+            );
+        }
+        w.run(Duration::from_secs(60));
+        check_clients(&w, c, &sent);
+        assert_eq!(
+            w.nodes[s].ep.link_groups().len(),
+            1,
+            "one server link group"
+        );
+        assert_eq!(
+            w.nodes[c].ep.link_groups().len(),
+            1,
+            "one client link group"
+        );
+        assert_eq!(w.nodes[c].ep.counters().first_contacts, 1);
+        check_clean(&w);
+        true
+    });
+}
+
+/// On subsequent contact the client writes as soon as its Confirm is out; its CDCs can
+/// overtake the Confirm (RoCE faster than TCP): the server keeps them with the token and
+/// replays them once the connection exists. Some seeds must reach the race.
+#[test]
+fn early_cdc() {
+    let reached = each_seed("early_cdc", |seed| {
+        let (mut w, s, c) = world(seed);
+        w.delays.tcp = (200, 3000);
+        w.delays.roce = (1, 50);
+        let first = payload(seed, 100);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: first.clone(),
+                half_close_first: false,
+            },
+        );
+        let second = payload(seed + 1, 40_000);
+        w.connect_at(
+            Duration::from_secs(5),
+            c,
+            s,
+            App::Client {
+                data: second.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_secs(60));
+        check_clients(&w, c, &[first, second]);
+        assert_eq!(w.nodes[c].ep.counters().first_contacts, 1);
+        check_clean(&w);
+        w.early_cdcs > 0
+    });
+    assert_reached("early_cdc", reached);
+}
+
+/// Issue 10 item 2: a client that shuts down writing at once sends its FIN right after
+/// the CLC Confirm, while CONFIRM LINK is in flight. Neither rendezvous may fail.
+#[test]
+fn fin_right_after_confirm() {
+    let reached = each_seed("fin_right_after_confirm", |seed| {
+        let (mut w, s, c) = world(seed);
+        // TCP fast, the server's event thread slow to see LLC messages: the FIN overtakes
+        // the CONFIRM LINK response (which the client's RNIC already saw acknowledged).
+        w.delays.tcp = (1, 30);
+        w.delays.llc_hop = (0, 3000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: Vec::new(),
+                half_close_first: true,
+            },
+        );
+        w.run(Duration::from_secs(60));
+        check_clients(&w, c, &[Vec::new()]);
+        assert_eq!(
+            w.nodes[s].ep.counters().resets,
+            0,
+            "the server reset nothing"
+        );
+        check_clean(&w);
+        w.nodes[s].fins_in_rendezvous > 0
+    });
+    assert_reached("fin_right_after_confirm", reached);
+}
+
+/// A Decline during first contact: the server's CONFIRM LINK cannot be sent (its first
+/// QP cannot reach the client), so the server declines while it still may (RFC 7609
+/// C.2); the client takes the Decline in its wait for CONFIRM LINK; both fall back to
+/// TCP, the data goes over TCP, and both link groups are gone.
+#[test]
+fn decline_during_first_contact() {
+    let reached = each_seed("decline_during_first_contact", |seed| {
+        let (mut w, s, c) = world(seed);
+        let data = payload(seed, 5000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: data.clone(),
+                half_close_first: false,
+            },
+        );
+        w.nodes[s].unreachable_first_link();
+        w.run(Duration::from_secs(60));
+        let r = w.nodes[c].results();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].smc, Some(false), "{:?}", r[0]);
+        assert!(r[0].received == data, "the data went over TCP");
+        assert_eq!(w.nodes[s].ep.counters().fallbacks, 1);
+        check_clean(&w);
+        assert_eq!(w.nodes[s].ep.link_groups().len(), 0);
+        assert_eq!(w.nodes[c].ep.link_groups().len(), 0);
+        r[0].smc == Some(false)
+    });
+    assert_reached("decline_during_first_contact", reached);
+}
+
+/// A link goes down in the middle of a transfer: with one link there is nowhere to fail
+/// over to, so the connections on it end with an error at both ends (RFC 7609 §4.8.3);
+/// no hang, no write outside memory, everything freed.
+#[test]
+fn link_down_mid_transfer() {
+    let reached = each_seed("link_down_mid_transfer", |seed| {
+        let (mut w, s, c) = world(seed);
+        let data = payload(seed, 2_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data,
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        let qpns = w.nodes[c].qpns();
+        assert_eq!(qpns.len(), 1, "one link");
+        let at = w.delay((0, 2000));
+        w.fail_link_at(at, c, qpns[0]);
+        w.run(Duration::from_secs(60));
+        let r = w.nodes[c].results();
+        assert!(r[0].error.is_some() || r[0].done, "{:?}", r[0]);
+        if let Some(e) = r[0].error {
+            assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionAborted, "{e:?}");
+        }
+        check_clean(&w);
+        assert_eq!(w.nodes[c].ep.counters().links_failed, 1);
+        r[0].error.is_some()
+    });
+    assert_reached("link_down_mid_transfer", reached);
+}

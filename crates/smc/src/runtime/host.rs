@@ -1,0 +1,236 @@
+//! The runtime's side of the endpoint ([`Host`]): verbs objects and memory of link groups
+//! (QPs, RMBs, send buffers), alert tokens, routes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use smc_verbs::{AccessFlags, Device, Mr, RdmaBuffer};
+use smc_wire::common::{Gid, Mac, U24};
+use tracing::{debug, warn};
+
+use super::conn::ConnShared;
+use super::link::{LinkRes, PeerQpAttr};
+use super::{sys, Inner};
+use crate::clc::{LgrId, V2Route};
+use crate::conn::State;
+use crate::endpoint::{DeviceInfo, Host, HostError};
+use crate::llc::{self, DeviceId, QpInfo, RToken};
+
+/// An RMB's memory and its registration on each link's PD.
+pub(crate) struct RmbRes {
+    pub buf: Arc<RdmaBuffer>,
+    pub mrs: BTreeMap<llc::LinkId, Mr>,
+}
+
+/// A send buffer and its registration on its link's PD.
+pub(crate) type Sndbuf = (Arc<RdmaBuffer>, Mr);
+
+/// Verbs objects and memory the endpoint asked for, and the connections (for the RMBE
+/// conflict rule).
+#[derive(Default)]
+pub(crate) struct HostState {
+    /// Devices by local address; the index is the endpoint's `DeviceId`.
+    pub devices: Vec<(IpAddr, Device)>,
+    /// Addresses whose device could not be opened (warned once).
+    pub device_errors: BTreeSet<IpAddr>,
+    pub links: HashMap<(LgrId, llc::LinkId), Arc<LinkRes>>,
+    pub rmbs: HashMap<(LgrId, u32), RmbRes>,
+    /// Free send buffers per link (registered on that link's PD).
+    pub sndbufs: HashMap<(LgrId, llc::LinkId), Vec<Sndbuf>>,
+    pub conns: BTreeMap<u32, Arc<ConnShared>>,
+}
+
+/// [`HostState`] with the stack, for one endpoint call.
+pub(crate) struct HostCtx<'a> {
+    pub inner: &'a Arc<Inner>,
+    pub st: &'a mut HostState,
+}
+
+fn herr(e: impl std::fmt::Display) -> HostError {
+    HostError(e.to_string())
+}
+
+impl HostState {
+    /// The device serving `ip`, opened on first use: its endpoint description, or
+    /// `None` (every connection on this address falls back, NOSMCRDEV).
+    pub(crate) fn device_for(&mut self, inner: &Inner, ip: IpAddr) -> Option<(DeviceInfo, bool)> {
+        if let Some(i) = self.devices.iter().position(|(a, _)| *a == ip) {
+            return Some((describe(i, &self.devices[i].1), false));
+        }
+        match inner.cfg.provider.device_for(ip) {
+            Ok(d) => {
+                self.devices.push((ip, d.clone()));
+                Some((describe(self.devices.len() - 1, &d), true))
+            }
+            Err(e) => {
+                // Say why once per address.
+                if self.device_errors.insert(ip) {
+                    warn!(%ip, error = %e, "no RDMA device for this address: SMC-R unavailable");
+                } else {
+                    debug!(%ip, error = %e, "no RDMA device for this address");
+                }
+                None
+            }
+        }
+    }
+
+    pub(crate) fn device_name(&self, id: DeviceId) -> String {
+        self.devices
+            .get(id.0 as usize)
+            .map(|(_, d)| d.name().to_string())
+            .unwrap_or_default()
+    }
+}
+
+fn describe(i: usize, d: &Device) -> DeviceInfo {
+    DeviceInfo {
+        id: DeviceId(i as u32),
+        gid: d.gid(),
+        mac: d.mac(),
+        mtu: d.attr().active_mtu,
+    }
+}
+
+impl Host for HostCtx<'_> {
+    fn create_link(
+        &mut self,
+        lgr: LgrId,
+        link: llc::LinkId,
+        device: DeviceId,
+    ) -> Result<QpInfo, HostError> {
+        let dev = self
+            .st
+            .devices
+            .get(device.0 as usize)
+            .map(|(_, d)| d.clone())
+            .ok_or_else(|| HostError(format!("no device {device:?}")))?;
+        let res = LinkRes::create(self.inner, &dev, lgr, link).map_err(herr)?;
+        let qp = QpInfo {
+            qpn: U24::wrapping(res.qp.qpn()),
+            psn: U24::wrapping(res.psn),
+            mtu: res.port_mtu,
+        };
+        if let Some(old) = self.st.links.insert((lgr, link), res) {
+            old.destroy();
+        }
+        Ok(qp)
+    }
+
+    fn connect_link(
+        &mut self,
+        lgr: LgrId,
+        link: llc::LinkId,
+        peer: &llc::PeerQp,
+    ) -> Result<(), HostError> {
+        let res = self
+            .st
+            .links
+            .get(&(lgr, link))
+            .ok_or_else(|| HostError(format!("no link {link}")))?;
+        res.connect(&PeerQpAttr {
+            gid: peer.gid,
+            mac: peer.mac,
+            qpn: peer.qpn.get(),
+            psn: peer.psn.get(),
+            mtu: peer.mtu,
+        })
+        .map_err(herr)
+    }
+
+    fn destroy_link(&mut self, lgr: LgrId, link: llc::LinkId) {
+        if let Some(res) = self.st.links.remove(&(lgr, link)) {
+            debug!(lgr = lgr.0, %link, "link destroyed");
+            res.destroy();
+        }
+        for ((l, _), r) in self.st.rmbs.iter_mut() {
+            if *l == lgr {
+                r.mrs.remove(&link);
+            }
+        }
+        self.st.sndbufs.remove(&(lgr, link));
+    }
+
+    fn create_rmb(&mut self, lgr: LgrId, rmb: llc::RmbId, size: usize) -> Result<(), HostError> {
+        let buf = RdmaBuffer::new(size).map_err(herr)?;
+        self.st.rmbs.insert(
+            (lgr, rmb.0),
+            RmbRes {
+                buf,
+                mrs: BTreeMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    fn register_rmb(
+        &mut self,
+        lgr: LgrId,
+        rmb: llc::RmbId,
+        link: llc::LinkId,
+    ) -> Result<RToken, HostError> {
+        let res = self
+            .st
+            .links
+            .get(&(lgr, link))
+            .ok_or_else(|| HostError(format!("no link {link}")))?;
+        if res.dead.load(Ordering::SeqCst) {
+            return Err(HostError(format!("link {link} is down")));
+        }
+        let r = self
+            .st
+            .rmbs
+            .get_mut(&(lgr, rmb.0))
+            .ok_or_else(|| HostError(format!("no RMB {rmb:?}")))?;
+        // RMBs: remote write only (plus the local write RDMA placement needs).
+        let mr = res
+            .pd
+            .reg_mr(&r.buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .map_err(herr)?;
+        let t = RToken {
+            rkey: mr.rkey(),
+            vaddr: mr.addr(),
+        };
+        r.mrs.insert(link, mr);
+        Ok(t)
+    }
+
+    fn clear_rmb(&mut self, lgr: LgrId, rmb: llc::RmbId) {
+        if let Some(r) = self.st.rmbs.get(&(lgr, rmb.0)) {
+            r.buf.fill(0, r.buf.len(), 0);
+        }
+    }
+
+    fn free_rmb(&mut self, lgr: LgrId, rmb: llc::RmbId) {
+        self.st.rmbs.remove(&(lgr, rmb.0));
+    }
+
+    fn alloc_token(&mut self, lgr: LgrId) -> Option<u32> {
+        self.inner.tokens.write().ok()?.alloc(lgr, &mut rand::rng())
+    }
+
+    fn release_token(&mut self, token: u32) {
+        if let Ok(mut t) = self.inner.tokens.write() {
+            t.release(token);
+        }
+    }
+
+    fn route_v2(&mut self, local: IpAddr, peer_ip: IpAddr, peer_gid: Gid) -> Option<V2Route> {
+        let peer = peer_gid.to_ip();
+        let i = sys::interface_of(local)?;
+        let direct =
+            sys::masked(peer, i.prefix_len) == sys::masked(local, i.prefix_len) || peer == peer_ip;
+        direct.then_some(V2Route {
+            uses_gateway: false,
+            nexthop_mac: Mac::default(),
+        })
+    }
+
+    fn conn_may_write(&mut self, token: u32) -> bool {
+        self.st
+            .conns
+            .get(&token)
+            .is_some_and(|c| matches!(c.lock().conn.state(), State::Active | State::AppCloseWait1))
+    }
+}
