@@ -22,6 +22,8 @@ echo "== cargo test (smc, tokio feature)"
 cargo test --release -p smc --features tokio --test tokio
 echo "== system tests"
 cargo build --release --workspace --bins
+# libsmc_preload.so beside target/release/smc, for `smc run` (tests/system/smc-run.sh).
+cargo build --release -p smc-preload
 status=0
 for t in tests/system/*.sh; do
   [ -e "$t" ] || continue

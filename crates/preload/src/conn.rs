@@ -85,7 +85,17 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<(OwnedFd, A
     let counters = Arc::new(Counters::default());
     let c = counters.clone();
     let mode = s.mode().to_string();
+    /// Counts a running pump, also when its task is dropped unfinished.
+    struct Live;
+    impl Drop for Live {
+        fn drop(&mut self) {
+            crate::LIVE_PUMPS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    crate::LIVE_PUMPS.fetch_add(1, Ordering::AcqRel);
+    let live = Live;
     crate::runtime().spawn(async move {
+        let _live = live;
         let stream = match smc::tokio::SmcStream::from_std(s) {
             Ok(t) => t,
             Err(e) => {

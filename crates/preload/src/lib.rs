@@ -37,7 +37,9 @@ mod table;
 
 use std::cell::Cell;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use libc::{c_int, sockaddr, socklen_t};
 use smc::Stack;
@@ -90,7 +92,59 @@ fn stack() -> Option<&'static Stack> {
     if pid != std::process::id() {
         return None;
     }
-    std::panic::catch_unwind(Stack::global).ok()
+    let s = std::panic::catch_unwind(Stack::global).ok()?;
+    static EXIT: std::sync::Once = std::sync::Once::new();
+    EXIT.call_once(|| {
+        // Registered after Stack::global's own handler, so it runs first: the data is
+        // out before the stack says goodbye to its peers (DELETE LINK).
+        // SAFETY: a plain `extern "C"` function with no arguments.
+        if unsafe { libc::atexit(drain_at_exit) } != 0 {
+            tracing::debug!("atexit registration failed; data in flight at exit may be lost");
+        }
+    });
+    Some(s)
+}
+
+/// SMC-R pumps still running (conn.rs).
+pub(crate) static LIVE_PUMPS: AtomicUsize = AtomicUsize::new(0);
+
+/// At exit(): what the kernel does for TCP sockets a process leaves open, the library
+/// does for its SMC-R connections, since its threads die with the process: it closes
+/// the application's descriptors (the pumps then forward what is still buffered and
+/// close), and waits until every connection has sent its data and its close flags
+/// (at most `SMC_RS_PRELOAD_EXIT_DRAIN_MS`, default 5000).
+extern "C" fn drain_at_exit() {
+    if init().is_none_or(|p| p != std::process::id()) {
+        return;
+    }
+    for fd in table::stream_fds() {
+        let e = table::remove(fd);
+        if let Some(f) = real::close() {
+            // SAFETY: `fd` is the application's descriptor of an SMC-R stream; the
+            // process is exiting and nothing of ours uses it after this.
+            unsafe { f(fd) };
+        }
+        drop(e);
+    }
+    let limit = std::env::var("SMC_RS_PRELOAD_EXIT_DRAIN_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(5), Duration::from_millis);
+    let t = Instant::now();
+    let stack = Stack::global();
+    while t.elapsed() < limit {
+        // Our final flags not sent yet (RFC 7609 §4.8.1: C/D follow the data).
+        let busy = stack.connections().iter().any(|c| {
+            matches!(
+                c.state.as_str(),
+                "ACTIVE" | "APPCLOSEWAIT1" | "APPCLOSEWAIT2" | "APPFINCLOSEWAIT"
+            )
+        });
+        if !busy && LIVE_PUMPS.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The tokio runtime of the pumps and accept loops (started on first use).

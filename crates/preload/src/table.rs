@@ -114,3 +114,13 @@ pub(crate) fn duplicated(old: c_int, new: c_int) -> Option<Entry> {
     let e = lookup(old)?;
     insert(new, e)
 }
+
+/// The descriptors of SMC-R streams.
+pub(crate) fn stream_fds() -> Vec<c_int> {
+    TABLE
+        .lock()
+        .iter()
+        .filter(|(_, s)| matches!(s.entry, Entry::Stream(_)))
+        .map(|(fd, _)| *fd)
+        .collect()
+}

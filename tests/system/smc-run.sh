@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# System test (issue 13): `smc run` — unmodified programs on SMC-R through the
+# interposition library (crates/preload, libsmc_preload.so), both ends on loopback
+# with SMC_RS_SKIP_TCP_OPTION (no eBPF):
+#  - python3 -m http.server + curl: a 20 MiB file, SHA-256 checked, two connections in
+#    one curl (first and subsequent contact);
+#  - nc both ways (client → server, server → client), data compared;
+#  - that each connection really was SMC-R: the SMC_RS_STATS event lines the library
+#    writes (mode=SMC-R on both ends, byte counts);
+#  - mixed: an `smc run` curl against a plain http.server, and a plain curl against an
+#    `smc run` http.server: TCP fallback with the reason, and it works.
+# Server and client addresses: SMC_RUN_SERVER_IP / SMC_RUN_CLIENT_IP (default
+# 127.0.13.2 / 127.0.13.1: each process's software RNIC binds UDP 4791 there).
+#
+# Exit: 0 pass, 77 skip, anything else fail.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+TEST_NAME=smc-run
+. tests/system/lib/smc-common.bash
+for t in python3 nc curl sha256sum ss; do
+  command -v "$t" >/dev/null || skip "missing $t (run scripts/setup.sh)"
+done
+ensure_bin
+LIB="$BIN/libsmc_preload.so"
+if [ ! -f "$LIB" ]; then
+  case $BIN in
+    */release) CARGO_TARGET_DIR=${BIN%/release} cargo build --release -q -p smc-preload \
+                 || { echo "FAIL: build smc-preload"; exit 1; } ;;
+    *) echo "FAIL: $LIB not found (set BIN)"; exit 1 ;;
+  esac
+fi
+SIP=${SMC_RUN_SERVER_IP:-127.0.13.2}; CIP=${SMC_RUN_CLIENT_IP:-127.0.13.1}
+POLICY='127.0.0.0/8:*'
+STATS="$WORK/stats.log"
+export SMC_RS_STATS="$STATS"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# wait_listen PORT: a listening socket on PORT (no probe connection: it would be a
+# connection of its own to the server under test).
+wait_listen() {
+  local i; for i in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1
+}
+# smc_lines PID MODE: how many connect/accept lines of PID have mode=MODE.
+smc_lines() { grep -cE "^pid=$1 (connect|accept) .* mode=$2( |$)" "$STATS"; }
+server_pid_of() {  # the pid in the stats file that listened on PORT
+  sed -n "s/^pid=\([0-9]*\) listen local=.*:$1 mode=SMC$/\1/p" "$STATS" | head -n1
+}
+
+# --- python3 -m http.server + curl, both under smc run ------------------------
+mkdir -p "$WORK/www"
+head -c $((20 << 20)) /dev/urandom > "$WORK/www/big.bin"
+want=$(sha256sum < "$WORK/www/big.bin" | cut -d' ' -f1)
+P=$(free_port)
+SMC_RS_SKIP_TCP_OPTION=$POLICY "$SMC" run -- python3 -m http.server "$P" --bind "$SIP" \
+  --directory "$WORK/www" > "$WORK/http.log" 2>&1 &
+HPID=$!; PIDS+=("$HPID")
+wait_listen "$P" || { fail "http.server under smc run did not start"; show "$WORK/http.log"; exit 1; }
+SMC_RS_SKIP_TCP_OPTION=$POLICY SMC_RS_LOCAL_ADDR=$CIP timeout 60 "$SMC" run curl -sS \
+  -o "$WORK/got1.bin" "http://$SIP:$P/big.bin" -o "$WORK/got2.bin" "http://$SIP:$P/big.bin" \
+  2> "$WORK/curl.err"
+rc=$?
+g1=$(sha256sum < "$WORK/got1.bin" 2>/dev/null | cut -d' ' -f1)
+g2=$(sha256sum < "$WORK/got2.bin" 2>/dev/null | cut -d' ' -f1)
+if [ "$rc" = 0 ] && [ "$g1" = "$want" ] && [ "$g2" = "$want" ]; then
+  ok "smc run curl ← smc run python3 -m http.server: 2 × 20 MiB, SHA-256 verified"
+else fail "curl (exit $rc) sha256 $g1 / $g2, want $want"; show "$WORK/curl.err" "$WORK/http.log" "$STATS"; fi
+spid=$(server_pid_of "$P")
+cpid=$(sed -n "s/^pid=\([0-9]*\) connect .*peer=$SIP:$P .*/\1/p" "$STATS" | head -n1)
+if [ -n "$spid" ] && [ -n "$cpid" ] && [ "$(smc_lines "$cpid" SMC-R)" = 2 ] \
+   && [ "$(smc_lines "$spid" SMC-R)" = 2 ] \
+   && grep -q "^pid=$cpid connect .*subsequent contact" "$STATS" \
+   && [ "$(grep -cE "^pid=$cpid close .* mode=SMC-R .*received=2097[0-9]{4}$" "$STATS")" = 2 ]; then
+  ok "  both connections SMC-R on both ends (first and subsequent contact), 20 MiB each through SMC-R"
+else fail "http: connections not SMC-R (server pid ${spid:-?}, curl pid ${cpid:-?})"; show "$STATS"; fi
+
+# One SMC-R process per address at a time (each opens UDP 4791 on its address; a
+# second one gets no device and declines): the next servers need this one gone.
+kill "$HPID" 2>/dev/null; wait "$HPID" 2>/dev/null
+
+# --- nc, client → server and server → client ---------------------------------
+head -c 3000000 /dev/urandom > "$WORK/up.bin"
+head -c 2000000 /dev/urandom > "$WORK/down.bin"
+nc_case() {  # NAME SERVER-ARGS CLIENT-ARGS SERVER-IN CLIENT-IN SERVER-OUT CLIENT-OUT
+  local name=$1 sargs=$2 cargs=$3 sin=$4 cin=$5 sout=$6 cout=$7 p npid rc
+  p=$(free_port)
+  # shellcheck disable=SC2086
+  SMC_RS_SKIP_TCP_OPTION=$POLICY timeout 60 "$SMC" run nc $sargs -l "$SIP" "$p" < "$sin" > "$sout" 2> "$WORK/$name-srv.err" &
+  npid=$!; PIDS+=("$npid")
+  wait_listen "$p" || { fail "$name: nc -l under smc run did not start"; return; }
+  # shellcheck disable=SC2086
+  SMC_RS_SKIP_TCP_OPTION=$POLICY SMC_RS_LOCAL_ADDR=$CIP timeout 60 "$SMC" run nc $cargs "$SIP" "$p" \
+    < "$cin" > "$cout" 2> "$WORK/$name-cli.err"
+  rc=$?
+  wait_exit "$npid" 30
+  NC_RC=$rc NC_PORT=$p
+}
+nc_case up "" "-N" /dev/null "$WORK/up.bin" "$WORK/up.got" /dev/null
+if [ "$NC_RC" = 0 ] && cmp -s "$WORK/up.bin" "$WORK/up.got"; then
+  ok "smc run nc -N → smc run nc -l: 3000000 bytes identical"
+else fail "nc client → server (exit $NC_RC)"; show "$WORK/up-cli.err" "$WORK/up-srv.err"; fi
+spid=$(server_pid_of "$NC_PORT")
+grep -qE "^pid=$spid accept .* mode=SMC-R " "$STATS" \
+  && grep -qE "^pid=$spid close .* mode=SMC-R sent=0 received=3000000$" "$STATS" \
+  && grep -qE "^pid=[0-9]+ connect .*peer=$SIP:$NC_PORT mode=SMC-R " "$STATS" \
+  && ok "  SMC-R on both ends" || { fail "nc up: not SMC-R"; show "$STATS"; }
+nc_case down "-N" "-d" "$WORK/down.bin" /dev/null /dev/null "$WORK/down.got"
+if [ "$NC_RC" = 0 ] && cmp -s "$WORK/down.bin" "$WORK/down.got"; then
+  ok "smc run nc -d ← smc run nc -N -l: 2000000 bytes identical"
+else fail "nc server → client (exit $NC_RC)"; show "$WORK/down-cli.err" "$WORK/down-srv.err"; fi
+spid=$(server_pid_of "$NC_PORT")
+grep -qE "^pid=$spid close .* mode=SMC-R sent=2000000 received=0$" "$STATS" \
+  && grep -qE "^pid=[0-9]+ connect .*peer=$SIP:$NC_PORT mode=SMC-R " "$STATS" \
+  && ok "  SMC-R on both ends" || { fail "nc down: not SMC-R"; show "$STATS"; }
+
+# --- mixed: fallback to TCP ------------------------------------------------------
+# No policy and no eBPF: nobody announces SMC-R, as with a peer that cannot.
+echo "plain-page" > "$WORK/www/plain.txt"
+P2=$(free_port)
+python3 -m http.server "$P2" --bind "$SIP" --directory "$WORK/www" > "$WORK/plain.log" 2>&1 &
+PIDS+=($!)
+wait_listen "$P2" || { fail "plain http.server did not start"; exit 1; }
+out=$(timeout 30 "$SMC" run curl -sS "http://$SIP:$P2/plain.txt" 2> "$WORK/fb.err")
+if [ "$out" = plain-page ] && grep -qE "^pid=[0-9]+ connect peer=$SIP:$P2 mode=TCP info=\"..*\"$" "$STATS"; then
+  ok "smc run curl → plain http.server: works, TCP fallback: $(sed -n "s/^pid=[0-9]* connect peer=$SIP:$P2 mode=TCP info=//p" "$STATS")"
+else fail "smc run curl → plain server ($out)"; show "$WORK/fb.err" "$STATS"; fi
+P3=$(free_port)
+"$SMC" run python3 -m http.server "$P3" --bind "$SIP" --directory "$WORK/www" > "$WORK/smcsrv.log" 2>&1 &
+PIDS+=($!)
+wait_listen "$P3" || { fail "smc run http.server (no policy) did not start"; exit 1; }
+out=$(timeout 30 curl -sS "http://$SIP:$P3/plain.txt" 2> "$WORK/fb2.err")
+spid=$(server_pid_of "$P3")
+if [ "$out" = plain-page ] && grep -qE "^pid=$spid accept .* mode=TCP info=\"..*\"$" "$STATS"; then
+  ok "plain curl → smc run http.server: works, TCP fallback"
+else fail "plain curl → smc run server ($out)"; show "$WORK/fb2.err" "$STATS"; fi
+
+[ "$FAILS" = 0 ] || exit 1
+echo "PASS: smc run"
