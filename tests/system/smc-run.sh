@@ -8,7 +8,10 @@
 #  - that each connection really was SMC-R: the SMC_RS_STATS event lines the library
 #    writes (mode=SMC-R on both ends, byte counts);
 #  - mixed: an `smc run` curl against a plain http.server, and a plain curl against an
-#    `smc run` http.server: TCP fallback with the reason, and it works.
+#    `smc run` http.server: TCP fallback with the reason, and it works;
+#  - redis-server + redis-cli (a 1.4 MB value SET and GET back) and redis-benchmark
+#    (-t set,get -n 20000, 50 clients): every connection SMC-R; the same benchmark over
+#    kernel TCP is printed beside it (reported, not asserted).
 # Server and client addresses: SMC_RUN_SERVER_IP / SMC_RUN_CLIENT_IP (default
 # 127.0.13.2 / 127.0.13.1: each process's software RNIC binds UDP 4791 there).
 #
@@ -132,6 +135,48 @@ spid=$(server_pid_of "$P3")
 if [ "$out" = plain-page ] && grep -qE "^pid=$spid accept .* mode=TCP info=\"..*\"$" "$STATS"; then
   ok "plain curl → smc run http.server: works, TCP fallback"
 else fail "plain curl → smc run server ($out)"; show "$WORK/fb2.err" "$STATS"; fi
+
+# --- redis-server + redis-benchmark, both under smc run -------------------------
+command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null \
+  && command -v redis-cli >/dev/null || skip "missing redis-server/redis-tools (run scripts/setup.sh)"
+# --protected-mode no: our client address is 127.0.13.1, which redis's protected mode
+# does not count as loopback (only 127.0.0.1 and ::1) — the same over plain TCP.
+P4=$(free_port)
+SMC_RS_SKIP_TCP_OPTION=$POLICY "$SMC" run redis-server --bind "$SIP" --port "$P4" --save '' \
+  --appendonly no --protected-mode no > "$WORK/redis.log" 2>&1 &
+RPID=$!; PIDS+=("$RPID")
+wait_listen "$P4" || { fail "redis-server under smc run did not start"; show "$WORK/redis.log"; exit 1; }
+head -c $((1 << 20)) /dev/urandom | base64 -w0 > "$WORK/value.txt"
+SMC_RS_SKIP_TCP_OPTION=$POLICY SMC_RS_LOCAL_ADDR=$CIP timeout 30 "$SMC" run redis-cli -h "$SIP" -p "$P4" \
+  -x set smc-run-key < "$WORK/value.txt" > "$WORK/redis-set.out" 2>&1
+SMC_RS_SKIP_TCP_OPTION=$POLICY SMC_RS_LOCAL_ADDR=$CIP timeout 30 "$SMC" run redis-cli -h "$SIP" -p "$P4" \
+  --raw get smc-run-key 2>&1 | head -c "$(stat -c %s "$WORK/value.txt")" > "$WORK/redis-get.out"
+if cmp -s "$WORK/value.txt" "$WORK/redis-get.out"; then
+  ok "smc run redis-cli: a 1.4 MB value SET and GET back identical"
+else fail "redis-cli set/get"; show "$WORK/redis-set.out"; fi
+before=$(grep -c . "$STATS")
+SMC_RS_SKIP_TCP_OPTION=$POLICY SMC_RS_LOCAL_ADDR=$CIP timeout 120 "$SMC" run redis-benchmark \
+  -h "$SIP" -p "$P4" -t set,get -n 20000 -q > "$WORK/bench.out" 2> "$WORK/bench.err"
+rc=$?
+tr '\r' '\n' < "$WORK/bench.out" | grep -E '^(SET|GET): [0-9.]+ requests per second' > "$WORK/bench.res"
+bpid=$(tail -n +"$((before + 1))" "$STATS" | sed -n 's/^pid=\([0-9]*\) connect .*/\1/p' | sort | uniq -c | sort -rn | awk 'NR==1{print $2}')
+nsmc=$(grep -cE "^pid=${bpid:-x} connect .* mode=SMC-R " "$STATS")
+ntcp=$(grep -cE "^pid=${bpid:-x} connect .* mode=(TCP|failed) " "$STATS")
+if [ "$rc" = 0 ] && [ "$(wc -l < "$WORK/bench.res")" = 2 ] && [ "$nsmc" -ge 100 ] && [ "$ntcp" = 0 ]; then
+  ok "smc run redis-benchmark -t set,get -n 20000 → smc run redis-server: $nsmc connections, all SMC-R"
+  sed 's/^/    SMC-R: /' "$WORK/bench.res"
+else fail "redis-benchmark (exit $rc, $nsmc SMC-R / $ntcp TCP connections)"; show "$WORK/bench.out" "$WORK/bench.err" "$WORK/redis.log"; fi
+kill "$RPID" 2>/dev/null; wait "$RPID" 2>/dev/null
+# The same benchmark over kernel TCP on the same addresses, for the ratio (reported,
+# never asserted).
+P5=$(free_port)
+redis-server --bind "$SIP" --port "$P5" --save '' --appendonly no --protected-mode no > "$WORK/redis-tcp.log" 2>&1 &
+RPID=$!; PIDS+=("$RPID")
+if wait_listen "$P5"; then
+  redis-benchmark -h "$SIP" -p "$P5" -t set,get -n 20000 -q 2>/dev/null | tr '\r' '\n' \
+    | grep -E '^(SET|GET): [0-9.]+ requests per second' | sed 's/^/    TCP:   /'
+fi
+kill "$RPID" 2>/dev/null; wait "$RPID" 2>/dev/null
 
 [ "$FAILS" = 0 ] || exit 1
 echo "PASS: smc run"
