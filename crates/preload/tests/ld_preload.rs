@@ -1,7 +1,7 @@
 //! The library under LD_PRELOAD: this test binary runs itself again with
 //! libsmc_preload.so preloaded (the `child` test, ignored in normal runs) and the child
 //! drives the socket API through std and libc as any program would — blocking and
-//! non-blocking connect/accept, poll and level-triggered epoll, shutdown, dup, socket
+//! non-blocking connect/accept, poll, level- and edge-triggered epoll, MSG_PEEK, shutdown, dup, socket
 //! options, getsockname/getpeername, FIONREAD, a forked child writing on an inherited
 //! descriptor — over SMC-R between a listener and clients in the one process (one stack
 //! talks to itself, SMC_RS_SKIP_TCP_OPTION, no eBPF). The parent checks the child's exit
@@ -208,6 +208,33 @@ fn child() {
     (&s2).read_exact(&mut two).unwrap();
     assert_eq!(&two, b"cd");
     assert_eq!(wait(0), 0, "drained");
+    // Edge-triggered: one event per arrival, none while the data just sits there;
+    // MSG_PEEK leaves it for the next read.
+    ev.events = (libc::EPOLLIN | libc::EPOLLET) as u32;
+    // SAFETY: as for EPOLL_CTL_ADD.
+    assert_eq!(
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_MOD, s2.as_raw_fd(), &mut ev) },
+        0
+    );
+    (&c2).write_all(b"ef").unwrap();
+    assert_eq!(wait(10_000), 1);
+    assert_eq!(
+        wait(0),
+        0,
+        "edge-triggered: no second event for the same data"
+    );
+    let mut peek = [0u8; 2];
+    for _ in 0..1000 {
+        // SAFETY: receives into `peek` without consuming.
+        let n = unsafe { libc::recv(s2.as_raw_fd(), peek.as_mut_ptr().cast(), 2, libc::MSG_PEEK) };
+        if n == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(&peek, b"ef", "MSG_PEEK");
+    (&s2).read_exact(&mut two).unwrap();
+    assert_eq!(&two, b"ef", "the peeked bytes are still there");
     // SAFETY: our epoll fd.
     unsafe { libc::close(ep) };
     drop(c2);
