@@ -549,12 +549,13 @@ impl Inner {
 
 static GLOBAL: OnceLock<Stack> = OnceLock::new();
 
-/// Process exit with the global stack in use: end its link groups with DELETE LINK
-/// (RFC 7609 §3.5.4) so that the peers free theirs at once instead of after a failed
-/// TEST LINK. Best effort: skipped if the event thread holds the lock.
 /// The process that made [`GLOBAL`] (not a forked child of it).
 static GLOBAL_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// Process exit with the global stack in use: end its link groups with DELETE LINK
+/// (RFC 7609 §3.5.4) so that the peers free theirs at once instead of after a failed
+/// TEST LINK. Best effort: skipped if the event thread holds the lock, and in a forked
+/// child.
 extern "C" fn global_at_exit() {
     // On a fresh thread: the exiting thread's thread-locals may already be gone, and
     // nothing may unwind out of an `extern "C"` function.
