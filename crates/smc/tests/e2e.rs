@@ -304,7 +304,7 @@ fn adopted_sockets_reach_smc_r() {
         let mut b = [0u8; 5];
         (&s).read_exact(&mut b).unwrap();
         (&s).write_all(&b).unwrap();
-        let back = s.into_fallback().err().expect("an SMC-R stream stays one");
+        let back = s.into_fallback().expect_err("an SMC-R stream stays one");
         assert!(back.mode().is_smc());
         drop(back);
         srv
