@@ -315,6 +315,7 @@ pub unsafe extern "C" fn getsockopt(
         return missing();
     };
     match table::lookup(fd) {
+        // SAFETY: the caller's arguments.
         None => unsafe { f(fd, level, name, val, len) },
         // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
         Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
