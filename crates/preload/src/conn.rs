@@ -32,37 +32,23 @@ use crate::report;
 /// An option value set at (level, name).
 pub(crate) type SavedOpt = ((c_int, c_int), Vec<u8>);
 
-/// An SMC-R stream the application holds (table entry of its descriptor).
+/// An SMC-R stream the application holds (table entry of its descriptor): what the
+/// calls on it answer that a socketpair end cannot. It holds no handle on the
+/// connection (the pump has the only one), so it may live in any process.
 pub(crate) struct StreamEntry {
     pub local: SocketAddr,
     pub peer: SocketAddr,
-    /// A handle for socket options (TCP_NODELAY); the pump holds the other.
-    smc: Mutex<Option<SmcStream>>,
     /// Options at the IP/IPv6/TCP levels the application set (the socketpair end has
     /// none): given back by getsockopt.
     pub opts: Mutex<Vec<SavedOpt>>,
-    /// The process that made it (a forked child must not touch the runtime).
-    owner: u32,
 }
 
 impl StreamEntry {
-    /// TCP_NODELAY on the SMC-R connection (corking off/on).
-    pub(crate) fn set_nodelay(&self, on: bool) {
-        if let Ok(g) = self.smc.lock() {
-            if let Some(s) = g.as_ref() {
-                let _ = s.set_nodelay(on);
-            }
-        }
-    }
-}
-
-impl Drop for StreamEntry {
-    fn drop(&mut self) {
-        let s = self.smc.get_mut().ok().and_then(|s| s.take());
-        if std::process::id() != self.owner {
-            // The runtime's threads are the parent's: closing from here could wait for
-            // a lock a parent thread held at fork time.
-            std::mem::forget(s);
+    pub(crate) fn new(local: SocketAddr, peer: SocketAddr) -> StreamEntry {
+        StreamEntry {
+            local,
+            peer,
+            opts: Mutex::new(Vec::new()),
         }
     }
 }
@@ -75,13 +61,12 @@ struct Counters {
 }
 
 /// Joins an SMC-R stream to a new socketpair: returns the application's end
-/// (close-on-exec, blocking) and the table entry; the pump runs until both ends are done.
-pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<(OwnedFd, Arc<StreamEntry>)> {
+/// (close-on-exec, blocking); the pump runs until both ends are done.
+pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
     let local = s.local_addr()?;
     let peer = s.peer_addr()?;
     let (app, ours) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
-    let handle = s.try_clone()?;
     let counters = Arc::new(Counters::default());
     let c = counters.clone();
     let mode = s.mode().to_string();
@@ -120,14 +105,7 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<(OwnedFd, A
     report::line(format_args!(
         "{event} local={local} peer={peer} mode=SMC-R info=\"{mode}\""
     ));
-    let entry = Arc::new(StreamEntry {
-        local,
-        peer,
-        smc: Mutex::new(Some(handle)),
-        opts: Mutex::new(Vec::new()),
-        owner: std::process::id(),
-    });
-    Ok((OwnedFd::from(app), entry))
+    Ok(OwnedFd::from(app))
 }
 
 /// The pump's buffer per direction.
@@ -352,7 +330,12 @@ pub(crate) unsafe fn connect(
         Err(s) => s,
     };
     let cloexec = real::fcntl_raw(fd, libc::F_GETFD, 0);
-    let (app, entry) = match start(s, "connect") {
+    let (local, peer) = (s.local_addr(), s.peer_addr());
+    let entry = match (local, peer) {
+        (Ok(l), Ok(p)) => Arc::new(StreamEntry::new(l, p)),
+        (Err(e), _) | (_, Err(e)) => return real::fail(e.raw_os_error().unwrap_or(libc::EIO)),
+    };
+    let app = match start(s, "connect") {
         Ok(x) => x,
         Err(e) => {
             // The SMC-R connection is gone with `s`; the TCP socket is its idle one.

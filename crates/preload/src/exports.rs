@@ -82,7 +82,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     match table::lookup(fd) {
         // SAFETY: the caller's arguments.
-        Some(Entry::Listener(l)) => unsafe { listen::accept(&l, fd, addr, len, 0) },
+        Some(Entry::Listener(_)) => unsafe { listen::accept(fd, addr, len, 0) },
         Some(Entry::Stream(_)) => real::fail(libc::EINVAL),
         None => match real::accept() {
             // SAFETY: the caller's arguments.
@@ -104,12 +104,12 @@ pub unsafe extern "C" fn accept4(
     flags: c_int,
 ) -> c_int {
     match table::lookup(fd) {
-        Some(Entry::Listener(l)) => {
+        Some(Entry::Listener(_)) => {
             if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
                 return real::fail(libc::EINVAL);
             }
             // SAFETY: the caller's arguments.
-            unsafe { listen::accept(&l, fd, addr, len, flags) }
+            unsafe { listen::accept(fd, addr, len, flags) }
         }
         Some(Entry::Stream(_)) => real::fail(libc::EINVAL),
         None => match real::accept4() {
@@ -365,10 +365,10 @@ pub unsafe extern "C" fn getsockopt(
     }
 }
 
-/// setsockopt(2). On an SMC-R stream: TCP_NODELAY reaches the connection (corking);
-/// SOL_SOCKET options go to the socketpair end (SO_RCVBUF/SO_SNDBUF size its buffers);
-/// other IP/IPv6/TCP options are kept for getsockopt and have no effect. On a
-/// listener: the listening TCP socket's.
+/// setsockopt(2). On an SMC-R stream: SOL_SOCKET options go to the socketpair end
+/// (SO_RCVBUF/SO_SNDBUF size its buffers); IP/IPv6/TCP options are kept for getsockopt
+/// and have no effect (the pump sends at once, as with TCP_NODELAY). On a listener: the
+/// listening TCP socket's.
 ///
 /// # Safety
 /// As for setsockopt(2).
@@ -401,10 +401,6 @@ pub unsafe extern "C" fn setsockopt(
             }
             // SAFETY: `val` is valid for `len` bytes.
             let v = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), len as usize) }.to_vec();
-            if level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY && v.len() >= 4 {
-                let on = c_int::from_ne_bytes([v[0], v[1], v[2], v[3]]) != 0;
-                s.set_nodelay(on);
-            }
             if let Ok(mut o) = s.opts.lock() {
                 o.retain(|(k, _)| *k != (level, name));
                 o.push(((level, name), v));

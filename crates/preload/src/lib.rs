@@ -17,13 +17,14 @@
 //!   copies to and from the connection ([`conn`]), so data calls, readiness
 //!   (poll/select/epoll, level- or edge-triggered), FIONREAD, sendfile and splice are
 //!   the kernel's own and need no interposition;
-//! - an SMC listener is an eventfd counting finished rendezvous ([`listen`]).
+//! - an SMC listener is one end of a SOCK_SEQPACKET socketpair on which each finished
+//!   rendezvous arrives as a message carrying its descriptor ([`listen`]).
 //!
 //! Not interposed, so plain TCP (documented in the README): static binaries, io_uring
 //! and raw system calls for connect/listen/accept; connections made in a forked child
-//! of a process that already used SMC-R (its runtime's threads are not in the child);
-//! `accept()` in a forked child on a listener of its parent (EINVAL). A child does
-//! keep working SMC-R descriptors it inherited: the parent's tasks serve them.
+//! of a process that already used SMC-R (its runtime's threads are not in the child).
+//! A child does keep working SMC-R descriptors and listeners it inherited: the
+//! parent's tasks serve them.
 
 // The unit tests build without the exported symbols (a test binary must not interpose
 // its own socket calls), which leaves their callees unused there.

@@ -1,6 +1,6 @@
 //! Which descriptors of this process are SMC sockets: an accepted or connected SMC-R
 //! stream (one end of a socketpair, its peer end pumped to the connection) or an SMC
-//! listener (an eventfd counting finished rendezvous).
+//! listener (a socketpair end on which finished rendezvous arrive).
 //!
 //! Every entry remembers the file it was made for (device and inode): a descriptor
 //! closed behind our back (`fclose`, a raw `close` syscall) and reused for another file

@@ -3,7 +3,7 @@
 //! drives the socket API through std and libc as any program would — blocking and
 //! non-blocking connect/accept, poll, level- and edge-triggered epoll, MSG_PEEK, shutdown, dup, socket
 //! options, getsockname/getpeername, FIONREAD, a forked child writing on an inherited
-//! descriptor — over SMC-R between a listener and clients in the one process (one stack
+//! descriptor, a forked child accepting on an inherited listener — over SMC-R between a listener and clients in the one process (one stack
 //! talks to itself, SMC_RS_SKIP_TCP_OPTION, no eBPF). The parent checks the child's exit
 //! status and the SMC_RS_STATS lines: every connection SMC-R on both ends.
 
@@ -62,13 +62,13 @@ fn socket_api_under_ld_preload() {
         String::from_utf8_lossy(&out.stderr)
     );
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
-    // Five connections (blocking; non-blocking with poll and epoll; dup; two around the
-    // fork), each seen by the connecting and the accepting side, each pump finished by
-    // the exit.
-    assert_eq!(count(" connect "), 5, "{log}");
-    assert_eq!(count(" accept "), 5, "{log}");
-    assert_eq!(count("mode=SMC-R info="), 10, "{log}");
-    assert_eq!(count(" close "), 10, "{log}");
+    // Six connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child), each seen by the connecting and the
+    // accepting side, each pump finished by the exit.
+    assert_eq!(count(" connect "), 6, "{log}");
+    assert_eq!(count(" accept "), 6, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 12, "{log}");
+    assert_eq!(count(" close "), 12, "{log}");
     assert!(!log.contains("mode=TCP"), "{log}");
 }
 
@@ -305,6 +305,31 @@ fn child() {
     assert_eq!(
         &b, b"alive",
         "the parent's link group outlived the child's exit()"
+    );
+
+    // 6. Pre-forking: a child accepts on the listener it inherited (the connection's
+    // pump runs in this process, which listened) and echoes.
+    // SAFETY: the child accepts, echoes and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let ok = l.accept().is_ok_and(|(mut s, _)| {
+            let mut b = [0u8; 5];
+            s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok()
+        });
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut c6 = TcpStream::connect(addr).unwrap();
+    c6.write_all(b"fork!").unwrap();
+    c6.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"fork!", "echoed by the child that accepted");
+    let mut st = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "child status {st}"
     );
     let _: SocketAddr = addr;
 }
