@@ -21,14 +21,26 @@ fn ip(host: u8) -> String {
     format!("127.{}.{}.{host}", 100 + pid % 100, (pid / 100) % 250)
 }
 
+/// libsmc_preload.so of this build. Integration tests do not depend on a cdylib, so
+/// `cargo test` has not built it: build it now, into the same target directory and
+/// profile (cargo does nothing when it is up to date).
 fn library() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     // target/<profile>/deps/ld_preload-HASH → target/<profile>/libsmc_preload.so
-    let p = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("libsmc_preload.so");
+    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+    let target_dir = profile_dir.parent().unwrap();
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .args(["build", "--offline", "-q", "-p", "smc-preload", "--lib"])
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_dir);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let st = build.status().expect("cargo build -p smc-preload");
+    assert!(st.success(), "cargo build -p smc-preload: {st}");
+    let p = profile_dir.join("libsmc_preload.so");
     assert!(p.is_file(), "{} not built", p.display());
     p
 }
