@@ -17,6 +17,7 @@ have curl     || need+=(curl)
 # tests/system/smc-run.sh: unmodified programs under `smc run`.
 have redis-server    || need+=(redis-server)
 have redis-benchmark || need+=(redis-tools)
+have iperf3   || need+=(iperf3)
 have python3  || need+=(python3)
 # tests/system/roce-netem.sh: loss/duplication with nftables when the kernel has no sch_netem.
 have nft      || need+=(nftables)

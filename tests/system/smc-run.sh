@@ -11,7 +11,9 @@
 #    `smc run` http.server: TCP fallback with the reason, and it works;
 #  - redis-server + redis-cli (a 1.4 MB value SET and GET back) and redis-benchmark
 #    (-t set,get -n 20000, 50 clients): every connection SMC-R; the same benchmark over
-#    kernel TCP is printed beside it (reported, not asserted).
+#    kernel TCP is printed beside it (reported, not asserted);
+#  - iperf3 -P 2 both ways (-R): control and data connections SMC-R on both ends, the
+#    throughput beside kernel TCP (reported).
 # Server and client addresses: SMC_RUN_SERVER_IP / SMC_RUN_CLIENT_IP (default
 # 127.0.13.2 / 127.0.13.1: each process's software RNIC binds UDP 4791 there).
 #
@@ -177,6 +179,38 @@ if wait_listen "$P5"; then
     | grep -E '^(SET|GET): [0-9.]+ requests per second' | sed 's/^/    TCP:   /'
 fi
 kill "$RPID" 2>/dev/null; wait "$RPID" 2>/dev/null
+
+# --- iperf3, both directions, under smc run ----------------------------------------
+command -v iperf3 >/dev/null || skip "missing iperf3 (run scripts/setup.sh)"
+iperf_case() {  # NAME CLIENT-ARGS...: one test against a one-off server, both under smc run
+  local name=$1 p ipid rc cpid n; shift
+  p=$(free_port)
+  SMC_RS_SKIP_TCP_OPTION=$POLICY timeout 60 "$SMC" run iperf3 -s -1 -B "$SIP" -p "$p" \
+    > "$WORK/$name-srv.log" 2>&1 &
+  ipid=$!; PIDS+=("$ipid")
+  wait_listen "$p" || { fail "$name: iperf3 -s under smc run did not start"; return; }
+  SMC_RS_SKIP_TCP_OPTION=$POLICY SMC_RS_LOCAL_ADDR=$CIP timeout 60 "$SMC" run iperf3 -c "$SIP" -p "$p" \
+    -t 2 -P 2 "$@" > "$WORK/$name.log" 2>&1
+  rc=$?
+  wait_exit "$ipid" 30
+  cpid=$(sed -n "s/^pid=\([0-9]*\) connect .*peer=$SIP:$p .*/\1/p" "$STATS" | head -n1)
+  n=$(grep -cE "^pid=${cpid:-x} connect .*peer=$SIP:$p mode=SMC-R " "$STATS")
+  # The control connection and the two streams, SMC-R; iperf3's own verdict.
+  if [ "$rc" = 0 ] && [ "$n" = 3 ] && grep -q "iperf Done" "$WORK/$name.log" \
+     && [ "$(grep -cE "^pid=[0-9]+ accept local=$SIP:$p .* mode=SMC-R " "$STATS")" = 3 ]; then
+    ok "smc run iperf3 -P 2 $* ↔ smc run iperf3 -s: 3 connections SMC-R on both ends"
+    grep -E '^\[SUM\].*receiver' "$WORK/$name.log" | sed 's/^/    SMC-R: /'
+  else fail "iperf3 $name (exit $rc, $n SMC-R connections)"; show "$WORK/$name.log" "$WORK/$name-srv.log"; fi
+}
+iperf_case iperf-up
+iperf_case iperf-down -R
+P6=$(free_port)
+timeout 60 iperf3 -s -1 -B "$SIP" -p "$P6" > /dev/null 2>&1 &
+IPID=$!; PIDS+=("$IPID")
+if wait_listen "$P6"; then
+  timeout 60 iperf3 -c "$SIP" -p "$P6" -t 2 -P 2 2>/dev/null | grep -E '^\[SUM\].*receiver' | sed 's/^/    TCP:   /'
+fi
+wait_exit "$IPID" 30 >/dev/null
 
 [ "$FAILS" = 0 ] || exit 1
 echo "PASS: smc run"
