@@ -7,6 +7,7 @@
 #  - nc both ways (client → server, server → client), data compared;
 #  - that each connection really was SMC-R: the SMC_RS_STATS event lines the library
 #    writes (mode=SMC-R on both ends, byte counts);
+#  - a server killed with SIGKILL mid-transfer: the `smc run` client ends (no hang);
 #  - mixed: an `smc run` curl against a plain http.server, and a plain curl against an
 #    `smc run` http.server: TCP fallback with the reason, and it works;
 #  - redis-server + redis-cli (a 1.4 MB value SET and GET back) and redis-benchmark
@@ -116,6 +117,23 @@ spid=$(server_pid_of "$NC_PORT")
 grep -qE "^pid=$spid close .* mode=SMC-R sent=2000000 received=0$" "$STATS" \
   && grep -qE "^pid=[0-9]+ connect .*peer=$SIP:$NC_PORT mode=SMC-R " "$STATS" \
   && ok "  SMC-R on both ends" || { fail "nc down: not SMC-R"; show "$STATS"; }
+
+# --- a server killed (SIGKILL) mid-transfer: the client ends, it does not hang -----
+p=$(free_port)
+SMC_RS_SKIP_TCP_OPTION=$POLICY "$SMC" run nc -l "$SIP" "$p" < /dev/zero > /dev/null 2>&1 &
+KPID=$!; PIDS+=("$KPID")
+if wait_listen "$p"; then
+  SMC_RS_SKIP_TCP_OPTION=$POLICY SMC_RS_LOCAL_ADDR=$CIP "$SMC" run nc -d "$SIP" "$p" > /dev/null 2>&1 &
+  CPID=$!; PIDS+=("$CPID")
+  for _ in $(seq 100); do grep -qE "^pid=[0-9]+ connect .*peer=$SIP:$p mode=SMC-R " "$STATS" && break; sleep 0.05; done
+  sleep 0.5
+  kill -9 "$KPID"
+  t0=$(date +%s%N)
+  wait_exit "$CPID" 20; rc=$?
+  if [ "$rc" != 124 ]; then
+    ok "server killed mid-transfer: the smc run client ended after $(( ($(date +%s%N) - t0) / 1000000 )) ms (exit $rc), no hang"
+  else fail "client still running 20 s after its SMC-R peer was killed"; fi
+else fail "nc -l for the kill case did not start"; fi
 
 # --- mixed: fallback to TCP ------------------------------------------------------
 # No policy and no eBPF: nobody announces SMC-R, as with a peer that cannot.
