@@ -68,11 +68,17 @@ pub(crate) fn listen(
     if r != 0 {
         return r;
     }
+    let fl = real::fcntl_raw(fd, libc::F_GETFL, 0);
     match adopt(stack, fd) {
         Ok(local) => {
             report::line(format_args!("listen local={local} mode=SMC"));
         }
         Err(e) => {
+            // The socket stays the program's TCP listener, as it set it (the runtime,
+            // had it started, made the shared file non-blocking).
+            if fl >= 0 {
+                real::fcntl_raw(fd, libc::F_SETFL, fl as libc::c_ulong);
+            }
             report::line(format_args!("listen fd={fd} mode=TCP info=\"{e}\""));
         }
     }
