@@ -78,6 +78,10 @@ struct Shared {
     cqs: Mutex<HashMap<u64, Weak<CqInner>>>,
     /// QPs by number.
     qps: Mutex<HashMap<u32, Weak<QpInner>>>,
+    /// Regions registered at a random I/O virtual address, by lkey: (iova, process
+    /// address, length). Inline sends need the process address: the provider library
+    /// copies inline data with memcpy from `sge.addr` itself (no MR translation).
+    iova_mrs: Mutex<HashMap<u32, (u64, u64, usize)>>,
     /// CQs whose handler the thread must run (armed while completions were waiting).
     deferred: Mutex<Vec<u64>>,
     next_cq: AtomicU64,
@@ -104,6 +108,35 @@ unsafe impl Send for Ctx {}
 unsafe impl Sync for Ctx {}
 
 impl Ctx {
+    /// The process address of `len` bytes at `addr` in the region `lkey`: `addr` itself
+    /// for a region registered at its process address, the translation for one
+    /// registered at a random I/O virtual address; an error when the range is not
+    /// inside that region (the provider would read outside it).
+    pub(super) fn inline_source(&self, lkey: u32, addr: u64, len: u32) -> Result<u64> {
+        match lock(&self.shared.iova_mrs).get(&lkey) {
+            None => Ok(addr),
+            Some(&(iova, va, mlen)) => {
+                let off = addr.checked_sub(iova).ok_or(VerbsError::InvalidArgument(
+                    "inline SGE outside its memory region",
+                ))?;
+                if off.saturating_add(u64::from(len)) > mlen as u64 {
+                    return Err(VerbsError::InvalidArgument(
+                        "inline SGE outside its memory region",
+                    ));
+                }
+                Ok(va + off)
+            }
+        }
+    }
+
+    pub(super) fn iova_mr_added(&self, lkey: u32, iova: u64, va: u64, len: usize) {
+        lock(&self.shared.iova_mrs).insert(lkey, (iova, va, len));
+    }
+
+    pub(super) fn iova_mr_removed(&self, lkey: u32) {
+        lock(&self.shared.iova_mrs).remove(&lkey);
+    }
+
     /// Opens the device named `name`.
     pub(crate) fn open(api: &'static Api, name: &str) -> Result<Arc<Ctx>> {
         let mut n: c_int = 0;
@@ -166,6 +199,7 @@ impl Ctx {
             active: AtomicBool::new(true),
             cqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
+            iova_mrs: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
             next_cq: AtomicU64::new(1),
             wake,

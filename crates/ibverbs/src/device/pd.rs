@@ -129,6 +129,9 @@ impl PdOps for PdInner {
         }
         // SAFETY: `mr` is a valid MR returned above.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        if addr != start as u64 {
+            self.ctx.iova_mr_added(lkey, addr, start as u64, len);
+        }
         Ok(Box::new(MrInner {
             _pd: self.raw.clone(),
             ctx: self.ctx.clone(),
@@ -240,6 +243,7 @@ impl Drop for MrInner {
         // SAFETY: deregistering the MR registered in `reg_mr`, once; the buffer is still
         // mapped (we hold an Arc to it).
         let rc = unsafe { (self.ctx.api.dereg_mr)(self.mr) };
+        self.ctx.iova_mr_removed(self.lkey);
         if rc != 0 {
             warn!(rc, "ibv_dereg_mr failed");
         }

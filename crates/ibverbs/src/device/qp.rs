@@ -305,9 +305,16 @@ impl QpInner {
         let base = iw.as_mut_ptr();
         for (i, w) in wrs.iter().enumerate() {
             let first = k;
+            let inline = w.flags.contains(SendFlags::INLINE);
             for s in w.sg_list {
                 is[k] = ffi::ibv_sge {
-                    addr: s.addr,
+                    // Inline data is copied by the provider library from this address
+                    // as a pointer: the process address, not the region's I/O address.
+                    addr: if inline {
+                        self.ctx.inline_source(s.lkey, s.addr, s.length)?
+                    } else {
+                        s.addr
+                    },
                     length: s.length,
                     lkey: s.lkey,
                 };
