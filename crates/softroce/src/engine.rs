@@ -20,7 +20,7 @@ use crate::device::{DevShared, Stats};
 use crate::mr::MrTable;
 use crate::net::{active_mtu_for, derived_mac, netdev_for, udp_socket};
 use crate::qp::QpShared;
-use crate::rx::{enable_gro, icrc_ok, recv_batch, sockaddr_ip, RxBatch};
+use crate::rx::{enable_gro, has_udp_gso, icrc_ok, recv_batch, sockaddr_ip, RxBatch};
 use crate::thread::{become_engine, on_engine_thread};
 use crate::tx::{BATCH, SLOT, TX};
 use crate::wire::PacketRepr;
@@ -199,12 +199,17 @@ impl Engine {
             .as_socket()
             .map(|a| a.port())
             .unwrap_or(port);
-        let gso =
-            local.is_ipv4() && std::env::var(crate::config::ENV_GSO).is_ok_and(|v| v.trim() == "1");
-        if gso {
-            // Receive GSO trains whole (no per-segment trip through the stack).
-            enable_gro(&sock);
-        }
+        // UDP GSO/GRO by default (IPv4, where the kernel has them): the
+        // kernel's per-datagram cost bounds throughput. `Config::gso`, else
+        // SMC_RS_SOFTROCE_GSO=0, turns it off (per-packet captures on lo).
+        let want = local.is_ipv4()
+            && config
+                .gso
+                .or_else(crate::config::gso_from_env)
+                .unwrap_or(true);
+        let gso = want && has_udp_gso(&sock);
+        // Receive GSO trains whole (no per-segment trip through the stack).
+        let gro = want && enable_gro(&sock);
         let (netdev, mtu, mac) = match netdev_for(local) {
             Some((n, m, mac)) => (Some(n), m, mac),
             None => (None, 1500, None),
@@ -231,7 +236,7 @@ impl Engine {
             max_inline_data: crate::qp::MAX_INLINE as u32,
             max_qp_rd_atom: crate::qp::MAX_RD_ATOMIC as u8,
         };
-        let rx_slot = if gso { 65_536 } else { SLOT };
+        let rx_slot = if gro { 65_536 } else { SLOT };
         let dev = Arc::new(DevShared {
             attr,
             config: config.clone(),
@@ -239,7 +244,8 @@ impl Engine {
             peer_port,
             sock,
             mrs: MrTable::default(),
-            gso,
+            gso_tx: AtomicBool::new(gso),
+            gro,
             epoch: Instant::now(),
             engine_wake_ns: AtomicU64::new(0),
             wake_fd,
@@ -270,7 +276,7 @@ impl Engine {
                 .name(format!("{}-engine", eng.dev.attr.name))
                 .spawn(move || engine_main(e))?;
         }
-        tracing::info!(name = %eng.dev.attr.name, %local, port, mtu = eng.dev.attr.active_mtu.bytes(), "softroce device open");
+        tracing::info!(name = %eng.dev.attr.name, %local, port, mtu = eng.dev.attr.active_mtu.bytes(), gso, gro, "softroce device open");
         Ok(eng)
     }
 
