@@ -88,9 +88,11 @@ fn thread_tag() -> usize {
 
 impl DriveWaker {
     /// The calling thread's waker (`None` if no eventfd could be created:
-    /// the caller then drives without early wake-ups, i.e. until `max`).
+    /// the caller then drives without early wake-ups, i.e. until `max`;
+    /// a completion on its own socket still wakes it).
     pub fn current() -> Option<DriveWaker> {
-        DRIVE_WAKER.with(|w| w.clone())
+        // `try_with`: also from a thread-local destructor (then `None`).
+        DRIVE_WAKER.try_with(|w| w.clone()).ok().flatten()
     }
 
     /// Wakes the owning thread if it sleeps in `drive` (or makes its next
