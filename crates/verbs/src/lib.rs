@@ -34,7 +34,7 @@ pub mod wc;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
-pub use event::EventFd;
+pub use event::{DriveWaker, EventFd};
 pub use mem::RdmaBuffer;
 pub use provider::wait_on_event_fd;
 pub use provider::{

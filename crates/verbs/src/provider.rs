@@ -91,8 +91,20 @@ pub trait DeviceOps: Send + Sync {
     /// the completions it produces on this thread, sparing a thread
     /// wake-up. Returns `done()`; the default does nothing (returns at
     /// once). The caller must hold no lock a handler may take.
-    fn drive(&self, done: &dyn Fn() -> bool, max: Duration) -> bool {
-        let _ = max;
+    ///
+    /// `waker` is the calling thread's [`crate::DriveWaker`] (see there):
+    /// the consumer wakes it whenever `done()` may have turned true on
+    /// another thread, and the provider returns then instead of sleeping
+    /// until a packet or `max` (a completion another thread received has
+    /// no packet left for this one to wake on). Without it the provider
+    /// notices such a completion only at `max`.
+    fn drive(
+        &self,
+        done: &dyn Fn() -> bool,
+        waker: Option<&crate::DriveWaker>,
+        max: Duration,
+    ) -> bool {
+        let _ = (max, waker);
         done()
     }
     /// For downcasting in providers.

@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
+use smc_verbs::DriveWaker;
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::debug;
 
@@ -105,7 +106,7 @@ pub(crate) enum Wait {
 impl SmcHandle {
     fn wait<'a>(
         &'a self,
-        st: MutexGuard<'a, ConnState>,
+        mut st: MutexGuard<'a, ConnState>,
         wait: Wait,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
         let drive = self.stack.cfg.rnic_drive;
@@ -114,16 +115,29 @@ impl SmcHandle {
                 // Receive on this thread for a while (no lock held: the completion
                 // handler runs here and takes the connection's lock).
                 let seq = self.conn.wake_seq.load(Ordering::Acquire);
+                // Registered under the lock before `seq` can move again: whoever
+                // moves it (the completion handler, on whichever thread received the
+                // CDC) wakes this thread's drive, which otherwise sleeps on the socket.
+                let waker = DriveWaker::current();
+                if let Some(w) = &waker {
+                    st.drivers.push(w.clone());
+                }
                 drop(st);
                 let max = deadline.map_or(drive, |d| {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
                 let conn = &self.conn;
-                conn.link
-                    .device
-                    .0
-                    .drive(&|| conn.wake_seq.load(Ordering::Acquire) != seq, max);
-                let st = self.conn.lock();
+                conn.link.device.0.drive(
+                    &|| conn.wake_seq.load(Ordering::Acquire) != seq,
+                    waker.as_ref(),
+                    max,
+                );
+                let mut st = self.conn.lock();
+                if let Some(w) = &waker {
+                    if let Some(i) = st.drivers.iter().position(|d| d.same(w)) {
+                        st.drivers.swap_remove(i);
+                    }
+                }
                 if self.conn.wake_seq.load(Ordering::Acquire) != seq {
                     return Ok(st);
                 }
