@@ -6,8 +6,9 @@
 //! simply finds no device. Discovery follows Linux SMC-R: the device and port whose
 //! RoCEv2 GID is the connection's local address ([`sysfs::place`]); the GID index found
 //! there is the source GID of every QP of that address; the path MTU limit is the port's
-//! active MTU. Memory regions are registered with `ibv_reg_mr` (the I/O virtual address is
-//! the buffer's address, as with the software RNIC), QPs are RC, CQs are armed through one
+//! active MTU. Memory regions are registered at a random I/O virtual address
+//! (`ibv_reg_mr_iova2`, as the software RNIC does; INLINE data is handed to libibverbs at
+//! its process address), QPs are RC, CQs are armed through one
 //! completion channel per device and an event thread that also takes async events (port
 //! down, fatal device error → the device's QPs go to ERR, their SMC-R links fail) and
 //! notices a device's removal (also from drivers such as rxe that report none, through
