@@ -81,6 +81,12 @@ pub trait DeviceOps: Send + Sync {
     fn attr(&self) -> &DeviceAttr;
     /// True while the port is up and the progress engine runs.
     fn is_active(&self) -> bool;
+    /// True once the device was removed (unplugged, unregistered, fatal error): unlike
+    /// a port that is down it never becomes active again, and its user should drop it
+    /// and ask the provider anew (a device registered again is a new `Device`).
+    fn is_removed(&self) -> bool {
+        false
+    }
     /// Allocates a protection domain.
     fn alloc_pd(&self) -> Result<Arc<dyn PdOps>>;
     /// Creates a completion queue with room for `cqe` completions.
@@ -135,6 +141,10 @@ impl Device {
     /// True while usable.
     pub fn is_active(&self) -> bool {
         self.0.is_active()
+    }
+    /// True once the device was removed for good (see [`DeviceOps::is_removed`]).
+    pub fn is_removed(&self) -> bool {
+        self.0.is_removed()
     }
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<Pd> {

@@ -307,14 +307,19 @@ impl QpInner {
             let first = k;
             let inline = w.flags.contains(SendFlags::INLINE);
             for s in w.sg_list {
+                // INLINE data is read by the CPU at its process address, not through
+                // the region's I/O virtual address (see `pd::inline_addr`).
+                let addr = if inline && s.length > 0 {
+                    self._pd
+                        .inline_addr(s.lkey, s.addr, u64::from(s.length))
+                        .ok_or(VerbsError::InvalidArgument(
+                            "INLINE SGE outside the memory regions of the QP's PD",
+                        ))?
+                } else {
+                    s.addr
+                };
                 is[k] = ffi::ibv_sge {
-                    // Inline data is copied by the provider library from this address
-                    // as a pointer: the process address, not the region's I/O address.
-                    addr: if inline {
-                        self.ctx.inline_source(s.lkey, s.addr, s.length)?
-                    } else {
-                        s.addr
-                    },
+                    addr,
                     length: s.length,
                     lkey: s.lkey,
                 };
