@@ -35,7 +35,7 @@ pub mod wr;
 
 pub use error::{Result, VerbsError};
 pub use event::{DriveWaker, EventFd};
-pub use mem::RdmaBuffer;
+pub use mem::{random_iova, RdmaBuffer};
 pub use provider::wait_on_event_fd;
 pub use provider::{
     CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,

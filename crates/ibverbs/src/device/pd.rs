@@ -151,7 +151,7 @@ impl PdOps for PdInner {
         let start = buf.as_ptr().wrapping_add(offset);
         let (mr, addr) = match self.ctx.api.reg_mr_iova2 {
             Some(reg) => {
-                let iova = (rand::random::<u64>() & 0x3fff_ffff_ffff_f000) | (start as u64 & 0xfff);
+                let iova = smc_verbs::random_iova(start as u64);
                 // SAFETY: the range lies inside `buf`, which the MR keeps alive (Arc)
                 // until it is deregistered.
                 let mr = unsafe {
