@@ -76,13 +76,17 @@ fn smcd_area() -> impl Strategy<Value = SmcdArea> {
         any::<u16>(),
         any::<[u8; 3]>(),
         any::<[u8; 5]>(),
+        any::<[u8; 20]>(),
     )
-        .prop_map(|(ism_gid, chid, vendor_oui, vendor_exp_options)| SmcdArea {
-            ism_gid,
-            chid,
-            vendor_oui,
-            vendor_exp_options,
-        })
+        .prop_map(
+            |(ism_gid, chid, vendor_oui, vendor_exp_options, reserved)| SmcdArea {
+                ism_gid,
+                chid,
+                vendor_oui,
+                vendor_exp_options,
+                reserved,
+            },
+        )
 }
 
 fn v2_ext(with_smcd: bool) -> impl Strategy<Value = ProposalV2Ext> {
@@ -679,5 +683,54 @@ impl PutLen for LlcFormat {
         };
         b[1] = x[0];
         b[2] = x[1];
+    }
+}
+
+// ---------- smc-rs same-host extension ----------
+
+proptest! {
+    /// The offer survives a whole Proposal round trip, and a Proposal whose SMC-D area
+    /// carries it still parses as the same Proposal (Linux sees only reserved bytes).
+    #[test]
+    fn same_host_offer_rides_in_a_proposal(p in proposal(), stack_id in any::<u64>(), nonce in any::<u64>()) {
+        let mut p = p;
+        let offer = clc::SameHostOffer { stack_id, nonce };
+        let area = match &mut p.body {
+            ProposalBody::V2 { smcd, .. } => Some(smcd),
+            ProposalBody::V1 { area: V1Area::Smcd(smcd), .. } => Some(smcd),
+            _ => None,
+        };
+        if let Some(a) = area {
+            offer.emit_into(a);
+            let mut b = vec![0u8; p.buffer_len()];
+            let n = p.emit(&mut b).unwrap();
+            let q = ProposalRepr::parse(&b[..n]).unwrap();
+            prop_assert_eq!(&q, &p);
+            let got = match &q.body {
+                ProposalBody::V2 { smcd, .. } => clc::SameHostOffer::from_smcd_area(smcd),
+                ProposalBody::V1 { area: V1Area::Smcd(smcd), .. } => clc::SameHostOffer::from_smcd_area(smcd),
+                _ => None,
+            };
+            prop_assert_eq!(got, Some(offer));
+        }
+    }
+
+    #[test]
+    fn same_host_accept_round_trip(stack_id in any::<u64>(), nonce in any::<u64>()) {
+        let m = ClcMessage::SameHostAccept(clc::SameHostAcceptRepr { stack_id, nonce });
+        let b = m.to_vec().unwrap();
+        prop_assert_eq!(b.len(), 28);
+        prop_assert_eq!(clc::message_len(&b).unwrap(), 28);
+        prop_assert_eq!(ClcMessage::parse(&b).unwrap(), m);
+    }
+
+    #[test]
+    fn same_host_hello_round_trip_and_garbage(nonce in any::<u64>(), token in any::<u32>(),
+        rmb_len in any::<u32>(), status in any::<u32>(), junk in vec(any::<u8>(), 0..64)) {
+        let h = clc::SameHostHello { nonce, token, rmb_len, status };
+        prop_assert_eq!(clc::SameHostHello::parse(&h.to_bytes()).unwrap(), h);
+        if let Ok(x) = clc::SameHostHello::parse(&junk) {
+            prop_assert_eq!(clc::SameHostHello::parse(&x.to_bytes()).unwrap(), x);
+        }
     }
 }

@@ -14,9 +14,11 @@
 mod accept;
 mod decline;
 mod proposal;
+pub mod samehost;
 
 pub use accept::{AcceptConfirmRepr, AcceptV2, FirstContactExt, OtherPathRepr};
 pub use decline::DeclineRepr;
+pub use samehost::{SameHostAcceptRepr, SameHostHello, SameHostOffer};
 pub use proposal::{
     IpArea, Ipv6Prefix, IsmGid, ProposalBody, ProposalRepr, ProposalV2Ext, SmcdArea, SmcdV2Ext,
     V1Area,
@@ -56,6 +58,9 @@ pub enum ClcType {
     Confirm = 3,
     /// SMC Decline, either direction.
     Decline = 4,
+    /// smc-rs private: the server took the client's same-host offer ([`samehost`]). Only
+    /// ever sent to a client whose Proposal carried the offer.
+    SameHostAccept = 0x81,
 }
 
 impl ClcType {
@@ -66,6 +71,7 @@ impl ClcType {
             2 => ClcType::Accept,
             3 => ClcType::Confirm,
             4 => ClcType::Decline,
+            0x81 => ClcType::SameHostAccept,
             _ => {
                 return Err(Error::UnknownType {
                     layer: "CLC",
@@ -81,6 +87,7 @@ impl ClcType {
             ClcType::Accept => "Accept",
             ClcType::Confirm => "Confirm",
             ClcType::Decline => "Decline",
+            ClcType::SameHostAccept => "same-host Accept",
         }
     }
     /// Smallest and largest total length a message of this type can have.
@@ -91,6 +98,7 @@ impl ClcType {
             // SMC-D v1 (48) .. SMC-R v2 first-contact Confirm with 8 GIDs.
             ClcType::Accept | ClcType::Confirm => (48, accept::MAX_LEN),
             ClcType::Decline => (28, 44),
+            ClcType::SameHostAccept => (samehost::SAME_HOST_ACCEPT_LEN, samehost::SAME_HOST_ACCEPT_LEN),
         }
     }
 }
@@ -309,6 +317,8 @@ pub enum ClcMessage {
     Decline(DeclineRepr),
     /// An Accept or Confirm for another path (SMC-D), kept as bytes; never SMC-R.
     OtherPath(OtherPathRepr),
+    /// smc-rs's same-host Accept ([`samehost`]).
+    SameHostAccept(SameHostAcceptRepr),
 }
 
 impl ClcMessage {
@@ -318,6 +328,9 @@ impl ClcMessage {
         match h.msg_type()? {
             ClcType::Proposal => Ok(ClcMessage::Proposal(ProposalRepr::parse(bytes)?)),
             ClcType::Decline => Ok(ClcMessage::Decline(DeclineRepr::parse(bytes)?)),
+            ClcType::SameHostAccept => Ok(ClcMessage::SameHostAccept(SameHostAcceptRepr::parse(
+                bytes,
+            )?)),
             ty @ (ClcType::Accept | ClcType::Confirm) => {
                 if accept::is_other_path(&h)? {
                     return Ok(ClcMessage::OtherPath(OtherPathRepr::parse(bytes)?));
@@ -339,6 +352,7 @@ impl ClcMessage {
             ClcMessage::Confirm(_) => ClcType::Confirm,
             ClcMessage::Decline(_) => ClcType::Decline,
             ClcMessage::OtherPath(o) => o.msg_type(),
+            ClcMessage::SameHostAccept(_) => ClcType::SameHostAccept,
         }
     }
     /// Bytes [`Self::emit`] writes.
@@ -348,6 +362,7 @@ impl ClcMessage {
             ClcMessage::Accept(a) | ClcMessage::Confirm(a) => a.buffer_len(),
             ClcMessage::Decline(d) => d.buffer_len(),
             ClcMessage::OtherPath(o) => o.buffer_len(),
+            ClcMessage::SameHostAccept(a) => a.buffer_len(),
         }
     }
     /// Writes the message into `buf`; returns the number of bytes written.
@@ -358,6 +373,7 @@ impl ClcMessage {
             ClcMessage::Confirm(a) => a.emit(buf, ClcType::Confirm),
             ClcMessage::Decline(d) => d.emit(buf),
             ClcMessage::OtherPath(o) => o.emit(buf),
+            ClcMessage::SameHostAccept(a) => a.emit(buf),
         }
     }
     /// Emits into a new vector.

@@ -149,6 +149,10 @@ pub struct SmcdArea {
     pub vendor_oui: [u8; 3],
     /// Vendor experimental options (Linux: 0).
     pub vendor_exp_options: [u8; 5],
+    /// The 20 reserved bytes at the end (Linux: 0, never read). Kept so that a Proposal
+    /// round-trips; smc-rs's same-host offer lives here and in the vendor fields
+    /// ([`super::samehost`]).
+    pub reserved: [u8; 20],
 }
 
 impl SmcdArea {
@@ -158,6 +162,7 @@ impl SmcdArea {
             chid: get_u16(b, at + 8),
             vendor_oui: array(b, at + 12),
             vendor_exp_options: array(b, at + 15),
+            reserved: array(b, at + 20),
         }
     }
     fn emit(&self, b: &mut [u8], at: usize, v2_ext_offset: u16) {
@@ -166,6 +171,7 @@ impl SmcdArea {
         put_u16(b, at + 10, v2_ext_offset);
         b[at + 12..at + 15].copy_from_slice(&self.vendor_oui);
         b[at + 15..at + 20].copy_from_slice(&self.vendor_exp_options);
+        b[at + 20..at + 40].copy_from_slice(&self.reserved);
     }
 }
 
