@@ -6,7 +6,8 @@ use std::time::Instant;
 use arrayvec::ArrayVec;
 use smc_wire::clc::{
     AcceptConfirmRepr, AcceptV2, ClcMessage, ClcType, Eyecatcher, FirstContactExt, IpArea,
-    PathType, ProposalBody, ProposalRepr, ProposalV2Ext, SmcdArea, V1Area,
+    PathType, ProposalBody, ProposalRepr, ProposalV2Ext, SameHostAcceptRepr, SameHostOffer,
+    SmcdArea, V1Area,
 };
 use smc_wire::common::{Eid, Gid, Mac, PeerId};
 use smc_wire::decline::DeclineCode;
@@ -20,8 +21,8 @@ use super::env::{
 };
 use super::negotiate::{client_v2_limits, V2Offered};
 use super::{
-    Contact, Eligibility, LinkEvent, Outcome, Output, ResetReason, Role, SmcEstablished,
-    V2Established, V2FirstContact, Version, Waiting,
+    Contact, Eligibility, LinkEvent, Outcome, Output, ResetReason, Role, SameHostEstablished,
+    SmcEstablished, V2Established, V2FirstContact, Version, Waiting,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +59,7 @@ pub(super) struct Client {
     state: State,
     offered_v1: bool,
     offered_v2: Option<(V2Offered, ArrayVec<Eid, 8>)>,
+    offered_same_host: Option<SameHostOffer>,
     accepted: Option<Accepted>,
 }
 
@@ -81,6 +83,7 @@ impl Client {
             state: State::Done,
             offered_v1: false,
             offered_v2: None,
+            offered_same_host: None,
             accepted: None,
         };
         if let Eligibility::NotEligible { reason } = eligibility {
@@ -165,6 +168,14 @@ impl Client {
                 },
             }
         } else {
+            // smc-rs's same-host offer rides in the SMC-D/v2 area's vendor and reserved
+            // bytes, which Linux zeroes and never reads (smc_wire::clc::samehost).
+            let mut smcd = SmcdArea::default();
+            if let Some(o) = &self.route.same_host {
+                o.emit_into(&mut smcd);
+                self.offered_same_host = Some(*o);
+                self.core.same_host_offered = true;
+            }
             ProposalRepr {
                 eyecatcher: Eyecatcher::Smcr,
                 version: 2,
@@ -182,7 +193,7 @@ impl Client {
                 gid,
                 mac,
                 body: ProposalBody::V2 {
-                    smcd: SmcdArea::default(),
+                    smcd,
                     ip: v1.map(|(_, ip)| ip),
                     v2: ext,
                 },
@@ -311,6 +322,7 @@ impl Client {
                 self.core.decline_version = if bytes[7] >> 4 >= 2 { 2 } else { 1 };
                 match ClcMessage::parse(&bytes) {
                     Ok(ClcMessage::Accept(a)) => self.on_accept(now, a, env),
+                    Ok(ClcMessage::SameHostAccept(a)) => self.on_same_host_accept(a, env),
                     // An SMC-D Accept: we offered SMC-R only (Linux MODEUNSUPP).
                     Ok(ClcMessage::OtherPath(_)) => {
                         self.decline(DeclineCode::MODEUNSUPP, false, env)
@@ -579,6 +591,37 @@ impl Client {
             self.core.may_decline = false;
             self.complete();
         }
+    }
+
+    /// The server took our same-host offer. Only a client that offered reads this type
+    /// at all (`Core::read`); the nonce must be ours. The server is committed by now
+    /// (its side of the shared memory is set up), so a failure here resets.
+    fn on_same_host_accept<E: ClcEnv + ?Sized>(&mut self, a: SameHostAcceptRepr, env: &mut E) {
+        let Some(o) = self.offered_same_host else {
+            return self.reset(
+                ResetReason::Protocol("same-host Accept without an offer".into()),
+                env,
+            );
+        };
+        if a.nonce != o.nonce {
+            return self.reset(
+                ResetReason::Protocol("same-host Accept for another nonce".into()),
+                env,
+            );
+        }
+        if !env.client_same_host(o.nonce) {
+            return self.reset(
+                ResetReason::LocalFailure(DeclineCode::MEM),
+                env,
+            );
+        }
+        debug!(peer_stack = a.stack_id, "same-host path accepted");
+        self.core.finish_smc(Outcome::SameHost(SameHostEstablished {
+            role: Role::Client,
+            nonce: o.nonce,
+            peer_stack: a.stack_id,
+        }));
+        self.state = State::Done;
     }
 
     fn complete(&mut self) {

@@ -59,6 +59,9 @@ pub(crate) struct Core {
     pub referenced_lgr: Option<LgrId>,
     /// The peer's TCP FIN arrived during the link wait (see [`Core::peer_fin`]).
     pub fin: bool,
+    /// The client offered smc-rs's same-host path: the server's answer may be a
+    /// same-host Accept (type 0x81) in place of the Accept.
+    pub same_host_offered: bool,
 }
 
 impl Core {
@@ -77,6 +80,7 @@ impl Core {
             rmb: None,
             referenced_lgr: None,
             fin: false,
+            same_host_offered: false,
         }
     }
 
@@ -136,6 +140,11 @@ impl Core {
         let inc = match r {
             Read::More => None,
             Read::Header(ty) if ty == expected || ty == ClcType::Decline => None,
+            Read::Header(ClcType::SameHostAccept)
+                if expected == ClcType::Accept && self.same_host_offered =>
+            {
+                None
+            }
             Read::Header(ty) => Some(Incoming::Protocol(format!(
                 "{} received while expecting {}",
                 ty.name(),

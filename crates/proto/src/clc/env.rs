@@ -24,7 +24,7 @@
 
 use ::core::net::{IpAddr, Ipv4Addr};
 use arrayvec::ArrayVec;
-use smc_wire::clc::Ipv6Prefix;
+use smc_wire::clc::{Ipv6Prefix, SameHostOffer};
 use smc_wire::common::{BufSize, Eid, Gid, Mac, PeerId, QpMtu, U24};
 use smc_wire::decline::DeclineCode;
 
@@ -78,6 +78,9 @@ pub struct ClientRoute {
     /// SMC-Rv2 possible on this route (IPv4 TCP connection and a RoCEv2 GID in the
     /// source subnet). `None` = do not offer.
     pub v2: Option<ClientV2Route>,
+    /// smc-rs's same-host offer to put in the Proposal (`None` = do not offer). Needs
+    /// the Linux Proposal layout (the SMC-D/v2 area carries it).
+    pub same_host: Option<SameHostOffer>,
 }
 
 /// Client SMC-Rv2 route facts.
@@ -111,6 +114,8 @@ pub struct ServerRoute {
     pub v1_prefixes: Option<Vec<LocalPrefix>>,
     /// SMC-Rv2 possible: a RoCEv2 device for this route exists.
     pub v2: bool,
+    /// Take a client's same-host offer ([`ClcEnv::server_same_host`]).
+    pub same_host: bool,
 }
 
 /// The local side of a link, as Accept/Confirm present it.
@@ -377,4 +382,20 @@ pub trait ClcEnv {
     /// Tear down a link group this rendezvous created (rendezvous failed; RFC 7609
     /// §3.5.1.6.4): its links, QPs, RMBs and llc machine.
     fn abandon_lgr(&mut self, lgr: LgrId);
+
+    /// Server: the client offered smc-rs's same-host path
+    /// (`smc_wire::clc::samehost`). Prove that the client is on this host and set the
+    /// connection's shared memory up with it (the runtime's Unix-socket exchange);
+    /// `Some(our stack id)` when done, `None` to go on with SMC-R as if nothing had been
+    /// offered. The default takes no offer.
+    fn server_same_host(&mut self, _offer: &SameHostOffer) -> Option<u64> {
+        None
+    }
+
+    /// Client: the server took our same-host offer with this nonce. `true` when the
+    /// shared memory for it is ready (the server set it up over the Unix socket before
+    /// answering); `false` resets the connection. The default has none.
+    fn client_same_host(&mut self, _nonce: u64) -> bool {
+        false
+    }
 }

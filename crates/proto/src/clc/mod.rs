@@ -306,6 +306,21 @@ pub enum Outcome {
     Fallback(FallbackReason),
     /// Reset the TCP connection (RST, e.g. `SO_LINGER` 0 then close).
     Reset(ResetReason),
+    /// smc-rs's same-host path: the connection's data goes through the shared memory the
+    /// runtime set up for this nonce (`ClcEnv::server_same_host` /
+    /// `ClcEnv::client_same_host`).
+    SameHost(SameHostEstablished),
+}
+
+/// A rendezvous that ended on the same-host path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SameHostEstablished {
+    /// Our side.
+    pub role: Role,
+    /// The offer's nonce: names the shared memory the runtime prepared.
+    pub nonce: u64,
+    /// The peer stack's id.
+    pub peer_stack: u64,
 }
 
 /// The llc machine's progress on the first link of a new link group, reported by the

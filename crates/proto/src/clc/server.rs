@@ -4,7 +4,8 @@
 use std::time::Instant;
 
 use smc_wire::clc::{
-    AcceptConfirmRepr, AcceptV2, ClcMessage, ClcType, FirstContactExt, ProposalRepr,
+    AcceptConfirmRepr, AcceptV2, ClcMessage, ClcType, FirstContactExt, ProposalBody,
+    ProposalRepr, SameHostAcceptRepr, SameHostOffer, V1Area,
 };
 use smc_wire::common::{Gid, HostName};
 use smc_wire::decline::DeclineCode;
@@ -18,8 +19,8 @@ use super::env::{
 };
 use super::negotiate::{server_choose, server_confirm_check, Choice};
 use super::{
-    Contact, Eligibility, LinkEvent, Outcome, Output, ResetReason, Role, SmcEstablished,
-    V2Established, V2FirstContact, Version, Waiting,
+    Contact, Eligibility, LinkEvent, Outcome, Output, ResetReason, Role, SameHostEstablished,
+    SmcEstablished, V2Established, V2FirstContact, Version, Waiting,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,6 +219,27 @@ impl Server {
 
     /// A Proposal (RFC 7609 §3.5.1.2, §3.5.2.1; CHECKLIST B.3.1 S3–S6, B.6.1).
     fn on_proposal<E: ClcEnv + ?Sized>(&mut self, now: Instant, p: ProposalRepr, env: &mut E) {
+        if self.route.same_host {
+            if let Some(offer) = same_host_offer(&p) {
+                // smc-rs's same-host path (smc_wire::clc::samehost): taken only when the
+                // runtime proved the client is on this host and mapped the memory;
+                // otherwise the offer is ignored, as a Linux server ignores it.
+                if let Some(stack_id) = env.server_same_host(&offer) {
+                    self.core.send(ClcMessage::SameHostAccept(SameHostAcceptRepr {
+                        stack_id,
+                        nonce: offer.nonce,
+                    }));
+                    self.core.may_decline = false;
+                    self.core.finish_smc(Outcome::SameHost(SameHostEstablished {
+                        role: Role::Server,
+                        nonce: offer.nonce,
+                        peer_stack: offer.stack_id,
+                    }));
+                    self.state = State::Done;
+                    return;
+                }
+            }
+        }
         let choice = match server_choose(&p, &self.cfg, &self.route, |g| env.route_v2(g)) {
             Ok(c) => c,
             Err(code) => return self.decline(code, false, env),
@@ -516,5 +538,17 @@ impl Server {
         };
         self.core.finish_smc(Outcome::Smc(Box::new(est)));
         self.state = State::Done;
+    }
+}
+
+/// The same-host offer of a Proposal, if it carries one (Linux layout: the SMC-D/v2 area).
+fn same_host_offer(p: &ProposalRepr) -> Option<SameHostOffer> {
+    match &p.body {
+        ProposalBody::V2 { smcd, .. }
+        | ProposalBody::V1 {
+            area: V1Area::Smcd(smcd),
+            ..
+        } => SameHostOffer::from_smcd_area(smcd),
+        _ => None,
     }
 }

@@ -75,6 +75,7 @@ pub fn client_route() -> ClientRoute {
             device: dev,
             gid_list: ArrayVec::new(),
         }),
+        same_host: None,
     }
 }
 
@@ -87,6 +88,7 @@ pub fn server_route() -> ServerRoute {
             prefix_len: 24,
         }]),
         v2: true,
+        same_host: false,
     }
 }
 
@@ -135,6 +137,12 @@ pub struct FakeEnv {
     pub lgr_queries: Vec<LgrQuery>,
     pub server_requests: Vec<ServerLgrRequest>,
     pub client_requests: Vec<ClientLgrRequest>,
+    /// Server: take same-host offers, answering with this stack id.
+    pub same_host_grant: Option<u64>,
+    /// Client: the shared memory of these nonces is ready.
+    pub same_host_ready: Vec<u64>,
+    /// Same-host offers the server was asked about.
+    pub same_host_offers: Vec<smc_wire::clc::SameHostOffer>,
 }
 
 impl FakeEnv {
@@ -164,6 +172,9 @@ impl FakeEnv {
             lgr_queries: Vec::new(),
             server_requests: Vec::new(),
             client_requests: Vec::new(),
+            same_host_grant: None,
+            same_host_ready: Vec::new(),
+            same_host_offers: Vec::new(),
         }
     }
 
@@ -217,6 +228,15 @@ impl FakeEnv {
 }
 
 impl ClcEnv for FakeEnv {
+    fn server_same_host(&mut self, offer: &smc_wire::clc::SameHostOffer) -> Option<u64> {
+        self.same_host_offers.push(*offer);
+        self.same_host_grant
+    }
+
+    fn client_same_host(&mut self, nonce: u64) -> bool {
+        self.same_host_ready.contains(&nonce)
+    }
+
     fn server_find_lgr(&mut self, q: &LgrQuery) -> LgrLookup {
         self.lgr_queries.push(q.clone());
         let found = self.lgrs.iter().find(|(_, g)| {

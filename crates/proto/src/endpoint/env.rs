@@ -241,6 +241,14 @@ impl<'a> Env<'a> {
 }
 
 impl ClcEnv for Env<'_> {
+    fn server_same_host(&mut self, offer: &smc_wire::clc::SameHostOffer) -> Option<u64> {
+        self.host.same_host_server(self.tcp, offer)
+    }
+
+    fn client_same_host(&mut self, nonce: u64) -> bool {
+        self.host.same_host_client(self.tcp, nonce)
+    }
+
     fn server_find_lgr(&mut self, q: &LgrQuery) -> LgrLookup {
         let mut exists = false;
         let mut found = None;

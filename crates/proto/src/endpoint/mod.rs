@@ -49,6 +49,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use smc_wire::common::{BufSize, Gid, Mac, QpMtu};
+use smc_wire::clc::SameHostOffer;
 
 use crate::clc::{
     self, ClcConfig, ClientRoute, Contact, Eligibility, FallbackReason, LgrId, Rendezvous,
@@ -150,6 +151,17 @@ pub trait Host {
     /// The connection may still RDMA-write into its peer's RMB element (its state is
     /// Active or AppCloseWait1): for the RMBE conflict rule of RFC 7609 §4.4.2.
     fn conn_may_write(&mut self, token: u32) -> bool;
+    /// Server: prove that the client behind `tcp` is an smc-rs stack on this host and
+    /// set the connection's shared memory up with it (see
+    /// [`clc::ClcEnv::server_same_host`]); `Some(our stack id)` when ready. The default
+    /// (hosts without the same-host path, the simulator) takes no offer.
+    fn same_host_server(&mut self, _tcp: TcpId, _offer: &SameHostOffer) -> Option<u64> {
+        None
+    }
+    /// Client: is the shared memory of our offer `nonce` on `tcp` ready?
+    fn same_host_client(&mut self, _tcp: TcpId, _nonce: u64) -> bool {
+        false
+    }
 }
 
 /// Something for the host to do, in order.
@@ -199,6 +211,9 @@ pub enum RendezvousOutcome {
     Fallback(FallbackReason),
     /// Reset the TCP connection (RST).
     Reset(ResetReason),
+    /// smc-rs's same-host path: create the connection over the shared memory the host
+    /// prepared for this nonce ([`Host::same_host_server`] / [`Host::same_host_client`]).
+    SameHost(clc::SameHostEstablished),
 }
 
 /// A connection that will use SMC-R: what the host needs to create its `Conn` machine
@@ -257,6 +272,8 @@ pub struct Counters {
     pub llc_received: u64,
     /// Peer LLC requests dropped as a flood.
     pub llc_dropped: u64,
+    /// Rendezvous that ended on the same-host path.
+    pub same_host_total: u64,
 }
 
 /// What the endpoint knows of an established connection.

@@ -199,6 +199,14 @@ impl Endpoint {
                 info!(peer = %r.peer, %reason, "rendezvous failed, TCP reset");
                 RendezvousOutcome::Reset(reason)
             }
+            Outcome::SameHost(est) => {
+                // No link group, RMB or token of the endpoint's: the runtime owns the
+                // shared memory it set up for this nonce, and the connection.
+                self.counters.same_host_total += 1;
+                info!(peer = %r.peer, peer_stack = format_args!("{:016x}", est.peer_stack),
+                    role = ?est.role, "same-host connection established");
+                RendezvousOutcome::SameHost(est)
+            }
         };
         self.out.push_back(Output::Rendezvous { tcp, outcome });
     }

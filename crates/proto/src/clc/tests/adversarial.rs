@@ -261,6 +261,8 @@ impl Watch {
             Some(Outcome::Reset(ResetReason::Timeout(_))) => "reset-clc-timeout",
             Some(Outcome::Reset(ResetReason::Protocol(_))) => "reset-protocol",
             Some(Outcome::Reset(_)) => "reset-other",
+            // The adversary's environment never grants the same-host path.
+            Some(Outcome::SameHost(_)) => "same-host",
             None => "unfinished",
         }
     }
@@ -340,7 +342,7 @@ fn final_checks(
             assert!(env.lgrs.contains_key(&e.lgr), "Smc on a live link group");
             assert_eq!(env.live_rmbs.get(&e.local_rmb.rmb), Some(&e.lgr));
         }
-        Outcome::Fallback(_) | Outcome::Reset(_) => {
+        Outcome::Fallback(_) | Outcome::Reset(_) | Outcome::SameHost(_) => {
             assert!(env.live_rmbs.is_empty(), "RMBs leaked: {:?}", env.live_rmbs);
             assert_eq!(env.lgr_count(), lgrs_before, "link groups leaked");
         }

@@ -7,6 +7,7 @@ mod adversarial;
 mod clc;
 mod first_contact;
 mod linux;
+mod samehost;
 mod subsequent;
 mod v2;
 

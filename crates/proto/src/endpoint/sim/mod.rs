@@ -372,6 +372,7 @@ impl World {
                 device: LocalDevice { gid, mac },
                 gid_list: Default::default(),
             }),
+            same_host: None,
         }
     }
 
@@ -384,6 +385,7 @@ impl World {
                 prefix_len: 24,
             }]),
             v2: true,
+            same_host: false,
         }
     }
 }

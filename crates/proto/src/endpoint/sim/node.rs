@@ -592,6 +592,9 @@ impl Node {
                     self.ep.conn_tcp_fin(now, &mut self.hs, nc.token, closing);
                 }
             }
+            RendezvousOutcome::SameHost(_) => {
+                unreachable!("the simulator's hosts never take a same-host offer")
+            }
             RendezvousOutcome::Fallback(_) => {
                 self.apps[app].res.smc = Some(false);
                 tin.fallback_app = Some(app);
