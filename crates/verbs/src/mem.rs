@@ -101,6 +101,45 @@ impl RdmaBuffer {
         }))
     }
 
+    /// Maps `len` bytes at `offset` of a shared-memory file `MAP_SHARED`, for memory two
+    /// processes share (smc's same-host path maps a peer's receive buffer this way). The
+    /// bytes are then reached exactly as those of [`RdmaBuffer::new`]: atomic words only,
+    /// so a peer writing them at any time is no data race.
+    ///
+    /// # Safety
+    ///
+    /// `offset` must be page-aligned, and `offset + len` bytes of the file must stay in
+    /// place for as long as the buffer lives: a file that shrinks under a mapping makes
+    /// accesses past its end raise SIGBUS. A memfd sealed with `F_SEAL_SHRINK` and at
+    /// least that long keeps the promise whoever else holds it.
+    pub unsafe fn map_shared<F: std::os::fd::AsRawFd>(
+        file: &F,
+        offset: u64,
+        len: usize,
+    ) -> io::Result<Arc<RdmaBuffer>> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "RDMA buffer length must be non-zero",
+            ));
+        }
+        // SAFETY: the caller guarantees the file's bytes [offset, offset + len) stay
+        // (module contract above); memmap2 checks the offset's alignment and the length.
+        let mut map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map_mut(file.as_raw_fd())?
+        };
+        let ptr =
+            NonNull::new(map.as_mut_ptr()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Arc::new(RdmaBuffer {
+            ptr,
+            len,
+            _map: map,
+        }))
+    }
+
     /// Usable length in bytes (as requested; the mapping may be larger).
     pub fn len(&self) -> usize {
         self.len
@@ -157,6 +196,42 @@ impl RdmaBuffer {
         while let Err(now) = w.compare_exchange_weak(cur, (cur & !mask) | val, Relaxed, Relaxed) {
             cur = now;
         }
+    }
+
+    /// Copies `len` bytes at `src_off` of this buffer to `dst_off` of `dst` (another
+    /// buffer, e.g. a peer's mapped one), word by word where both ranges share their
+    /// alignment, through a small stack buffer where they do not.
+    ///
+    /// # Panics
+    /// If either range is outside its buffer (a caller bug, never peer input).
+    pub fn copy_to(&self, src_off: usize, dst: &RdmaBuffer, dst_off: usize, len: usize) {
+        assert!(
+            self.contains(src_off, len) && dst.contains(dst_off, len),
+            "RdmaBuffer::copy_to out of bounds"
+        );
+        let mut bounce = [0u8; 512];
+        let mut by_bounce = |s: usize, d: usize, n: usize| {
+            let mut done = 0;
+            while done < n {
+                let k = (n - done).min(bounce.len());
+                self.read(s + done, &mut bounce[..k]);
+                dst.write(d + done, &bounce[..k]);
+                done += k;
+            }
+        };
+        if src_off % WORD != dst_off % WORD {
+            return by_bounce(src_off, dst_off, len);
+        }
+        let head = ((WORD - src_off % WORD) % WORD).min(len);
+        by_bounce(src_off, dst_off, head);
+        let words = (len - head) / WORD;
+        let (si, di) = ((src_off + head) / WORD, (dst_off + head) / WORD);
+        for k in 0..words {
+            dst.word(di + k)
+                .store(self.word(si + k).load(Relaxed), Relaxed);
+        }
+        let done = head + words * WORD;
+        by_bounce(src_off + done, dst_off + done, len - done);
     }
 
     /// Copies `dst.len()` bytes starting at `offset` out of the buffer.

@@ -254,6 +254,10 @@ pub enum Violation {
     /// New data after the peer said it was done writing.
     #[error("data after PeerDoneWriting")]
     DataAfterDone,
+    /// Same-host path: the peer broke the shared-memory ring (indices out of range, a
+    /// slot that is no CDC).
+    #[error("shared-memory ring broken by the peer")]
+    SharedRing,
 }
 
 /// Why a connection ended abnormally.
@@ -286,6 +290,10 @@ pub enum AbortReason {
     /// The peer did not finish the close handshake in time (§4.8.1).
     #[error("termination timed out")]
     CloseTimeout,
+    /// Same-host path: the peer process is gone (its TCP connection ended without the
+    /// SMC close flags in its ring).
+    #[error("same-host peer process gone")]
+    PeerGone,
 }
 
 /// Errors reported to the application.

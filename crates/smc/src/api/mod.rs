@@ -44,12 +44,37 @@ pub enum Mode {
         /// Why (Display: the reason in words, with the Decline code's text).
         reason: FallbackReason,
     },
+    /// smc-rs's same-host path: SMC through shared memory with another smc-rs stack on
+    /// this host (docs/samehost.md), the SMC-R connection semantics without RDMA.
+    SameHost {
+        /// The peer process (from SO_PEERCRED).
+        peer_pid: i32,
+    },
 }
 
 impl Mode {
-    /// True for SMC-R.
+    /// True for SMC, over RDMA or through same-host shared memory (not TCP).
     pub fn is_smc(&self) -> bool {
-        matches!(self, Mode::Smc { .. })
+        matches!(self, Mode::Smc { .. } | Mode::SameHost { .. })
+    }
+
+    /// True for the same-host path.
+    pub fn is_same_host(&self) -> bool {
+        matches!(self, Mode::SameHost { .. })
+    }
+
+    /// The mode of an established connection.
+    pub(crate) fn of(c: &ConnShared) -> Mode {
+        match (c.lgr(), c.shm()) {
+            (Some(lgr), _) => Mode::Smc {
+                link_group: LinkGroupId(lgr.0),
+                version: c.version,
+                first_contact: c.first_contact,
+            },
+            (None, p) => Mode::SameHost {
+                peer_pid: p.map_or(0, |p| p.peer_pid),
+            },
+        }
     }
 }
 
@@ -70,6 +95,9 @@ impl fmt::Display for Mode {
                 }
             ),
             Mode::Fallback { reason } => write!(f, "{reason}"),
+            Mode::SameHost { peer_pid } => {
+                write!(f, "SMC same-host (shared memory, peer pid {peer_pid})")
+            }
         }
     }
 }
@@ -109,7 +137,16 @@ impl SmcHandle {
         mut st: MutexGuard<'a, ConnState>,
         wait: Wait,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
-        let drive = self.stack.cfg.rnic_drive;
+        if let (Some(p), Wait::Until(_)) = (self.conn.shm(), wait) {
+            st = match self.spin_same_host(p, st) {
+                Ok(st) => return Ok(st),
+                Err(st) => st,
+            };
+        }
+        let drive = match self.conn.rdma() {
+            Some(_) => self.stack.cfg.rnic_drive,
+            None => Duration::ZERO,
+        };
         let st = if !drive.is_zero() {
             if let Wait::Until(deadline) = wait {
                 // Receive on this thread for a while (no lock held: the completion
@@ -127,7 +164,10 @@ impl SmcHandle {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
                 let conn = &self.conn;
-                conn.link.device.0.drive(
+                let Some(rd) = conn.rdma() else {
+                    unreachable!("drive is zero without a link")
+                };
+                rd.link.device.0.drive(
                     &|| conn.wake_seq.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,
@@ -181,6 +221,55 @@ impl SmcHandle {
                     .unwrap_or_else(|p| p.into_inner());
                 Ok(g)
             }
+        }
+    }
+
+    /// Same host: before sleeping, spin on the ring for the peer's CDC (adaptive, at most
+    /// `StackConfig::same_host_spin`), telling the peer that we poll so that it does not
+    /// ring our eventfd. `Ok` when something happened for the waiter (`wake_seq` moved).
+    #[allow(clippy::result_large_err)]
+    fn spin_same_host<'a>(
+        &'a self,
+        p: &crate::runtime::shm::ShmPath,
+        st: MutexGuard<'a, ConnState>,
+    ) -> Result<MutexGuard<'a, ConnState>, MutexGuard<'a, ConnState>> {
+        let budget = Duration::from_nanos(p.spin_ns.load(Ordering::Relaxed));
+        if budget.is_zero() {
+            return Err(st);
+        }
+        let seq = self.conn.wake_seq.load(Ordering::Acquire);
+        drop(st);
+        crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, true);
+        let t0 = Instant::now();
+        let mut spins = 0u32;
+        let mut hit = false;
+        loop {
+            if p.rx_pending() {
+                self.conn.shm_poll(Instant::now());
+            }
+            if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+                hit = true;
+                break;
+            }
+            spins += 1;
+            // The clock every 64 turns: reading it costs more than a look at the ring.
+            if spins % 64 == 0 && t0.elapsed() >= budget {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, false);
+        // A CDC published while we announced polling did not ring: take it now.
+        if !hit && p.rx_pending() {
+            self.conn.shm_poll(Instant::now());
+            hit = self.conn.wake_seq.load(Ordering::Acquire) != seq;
+        }
+        p.spun(hit);
+        let st = self.conn.lock();
+        if hit {
+            Ok(st)
+        } else {
+            Err(st)
         }
     }
 
@@ -492,11 +581,7 @@ impl SmcStream {
     /// SMC-R or TCP fallback (with the reason).
     pub fn mode(&self) -> Mode {
         match &self.inner {
-            Inner2::Smc(h) => Mode::Smc {
-                link_group: LinkGroupId(h.conn.lgr.0),
-                version: h.conn.version,
-                first_contact: h.conn.first_contact,
-            },
+            Inner2::Smc(h) => Mode::of(&h.conn),
             Inner2::Tcp(_, r) => Mode::Fallback { reason: r.clone() },
         }
     }

@@ -70,11 +70,7 @@ impl SmcStream {
     /// SMC-R or TCP fallback.
     pub fn mode(&self) -> Mode {
         match &self.inner {
-            Inner::Smc(h) => Mode::Smc {
-                link_group: LinkGroupId(h.conn.lgr.0),
-                version: h.conn.version,
-                first_contact: h.conn.first_contact,
-            },
+            Inner::Smc(h) => Mode::of(&h.conn),
             Inner::Tcp(_, r) => Mode::Fallback { reason: r.clone() },
         }
     }

@@ -16,6 +16,7 @@ use smc_verbs::{DriveWaker, Mr, RdmaBuffer};
 use tracing::{debug, warn};
 
 use super::link::{wr_cdc, LinkRes, SlotWaiter, TX_SLOTS};
+use super::shm::{ShmPath, ShmRings};
 use super::{Inbox, Inner};
 use crate::clc::LgrId;
 use crate::conn::{CdcRepr, Conn, Events};
@@ -45,20 +46,35 @@ pub(crate) struct ConnState {
     /// connection, woken with `wake_seq` (the CDC they wait for may be received by
     /// another thread).
     pub drivers: Vec<DriveWaker>,
+    /// The same-host path's rings (`None` on SMC-R).
+    pub shm: Option<ShmRings>,
+}
+
+/// How a connection's data moves.
+pub(crate) enum Path {
+    /// SMC-R: RDMA WRITE + CDC on a link.
+    Rdma(RdmaPath),
+    /// Same host: copies into the peer's mapped RMB + CDCs in its ring (`shm`).
+    Shm(ShmPath),
+}
+
+/// The RDMA side of an SMC-R connection.
+pub(crate) struct RdmaPath {
+    pub lgr: LgrId,
+    pub link: Arc<LinkRes>,
+    pub sndbuf_mr: Mr,
+    /// Virtual address of the peer's RMB element on our link, and its RKey.
+    pub peer_base: u64,
+    pub peer_rkey: u32,
 }
 
 /// A connection shared by the application handles, the completion handler and the
 /// event thread.
 pub(crate) struct ConnShared {
     pub token: u32,
-    pub lgr: LgrId,
-    pub link: Arc<LinkRes>,
+    pub path: Path,
     pub rmb: Arc<RdmaBuffer>,
     pub sndbuf: Arc<RdmaBuffer>,
-    pub sndbuf_mr: Mr,
-    /// Virtual address of the peer's RMB element on our link, and its RKey.
-    pub peer_base: u64,
-    pub peer_rkey: u32,
     pub local: SocketAddr,
     pub peer: SocketAddr,
     pub version: u8,
@@ -73,11 +89,32 @@ pub(crate) struct ConnShared {
     pub self_ref: Weak<ConnShared>,
 }
 
+impl ConnState {
+    pub(crate) fn new(conn: Conn, tcp: Option<TcpStream>, shm: Option<ShmRings>) -> ConnState {
+        ConnState {
+            conn,
+            tcp,
+            tcp_fin_sent: false,
+            tcp_done: false,
+            armed: None,
+            waiting_slots: false,
+            released: false,
+            read_timeout: None,
+            write_timeout: None,
+            nonblocking: false,
+            rx_waker: None,
+            tx_waker: None,
+            drivers: Vec::new(),
+            shm,
+        }
+    }
+}
+
 impl std::fmt::Debug for ConnShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnShared")
             .field("token", &format_args!("{:#x}", self.token))
-            .field("lgr", &self.lgr)
+            .field("lgr", &self.lgr())
             .finish()
     }
 }
@@ -92,6 +129,30 @@ impl SlotWaiter for ConnShared {
 }
 
 impl ConnShared {
+    /// The link group of an SMC-R connection.
+    pub(crate) fn lgr(&self) -> Option<LgrId> {
+        match &self.path {
+            Path::Rdma(r) => Some(r.lgr),
+            Path::Shm(_) => None,
+        }
+    }
+
+    /// The SMC-R side, if this is an SMC-R connection.
+    pub(crate) fn rdma(&self) -> Option<&RdmaPath> {
+        match &self.path {
+            Path::Rdma(r) => Some(r),
+            Path::Shm(_) => None,
+        }
+    }
+
+    /// The same-host side, if this is a same-host connection.
+    pub(crate) fn shm(&self) -> Option<&ShmPath> {
+        match &self.path {
+            Path::Shm(p) => Some(p),
+            Path::Rdma(_) => None,
+        }
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, ConnState> {
         match self.state.lock() {
             Ok(g) => g,
@@ -121,6 +182,10 @@ impl ConnShared {
     }
 
     fn flush(&self, st: &mut ConnState, now: Instant) {
+        let r = match &self.path {
+            Path::Rdma(r) => r,
+            Path::Shm(p) => return self.flush_shm(p, st, now),
+        };
         loop {
             if st.conn.needs_failover() {
                 return;
@@ -128,36 +193,36 @@ impl ConnShared {
             // A destroyed link posts nothing and gives no slot back; its link group's
             // machine ends every connection on it (no failover: RFC 7609 §4.8.3), so
             // waiting for slots there would only wait forever.
-            if self.link.dead.load(Ordering::SeqCst) {
+            if r.link.dead.load(Ordering::SeqCst) {
                 return;
             }
-            if !self.link.try_reserve(TX_SLOTS) {
+            if !r.link.try_reserve(TX_SLOTS) {
                 if !st.waiting_slots {
                     st.waiting_slots = true;
                     if let Some(me) = self.self_ref.upgrade() {
-                        self.link.add_waiter(&me);
+                        r.link.add_waiter(&me);
                     }
                 }
                 // Completions may have come back between the failed reservation and
                 // the registration: look once more.
-                if !self.link.try_reserve(TX_SLOTS) {
+                if !r.link.try_reserve(TX_SLOTS) {
                     return;
                 }
             }
             let Some(t) = st.conn.poll_transmit(now) else {
-                self.link.release(TX_SLOTS);
+                r.link.release(TX_SLOTS);
                 return;
             };
             let mut writes = [(0u64, 0u32, 0u32); 3];
             let n = t.writes().len();
             for (i, w) in t.writes().iter().enumerate() {
-                writes[i] = (self.peer_base + u64::from(w.dst_off), w.src_off, w.len);
+                writes[i] = (r.peer_base + u64::from(w.dst_off), w.src_off, w.len);
             }
             let cdc = t.cdc.to_bytes();
-            let res = self.link.post_transmit(
+            let res = r.link.post_transmit(
                 &writes[..n],
-                self.peer_rkey,
-                &self.sndbuf_mr,
+                r.peer_rkey,
+                &r.sndbuf_mr,
                 &cdc,
                 wr_cdc(self.token, t.cdc.seqno, n as u8 + 1),
                 TX_SLOTS,
@@ -171,10 +236,98 @@ impl ConnShared {
                     st.conn.on_cdc_send_failed(t.cdc.seqno);
                     if let Some(s) = self.stack.upgrade() {
                         s.post(Inbox::LinkError {
-                            lgr: self.lgr,
-                            link: self.link.id,
+                            lgr: r.lgr,
+                            link: r.link.id,
                         });
                     }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The same-host transmit: the machine's RDMA WRITEs become copies into the peer's
+    /// mapped RMB, its CDC goes into the peer's ring after them (release order: the
+    /// data before the CDC, RFC 7609 §4.7.1), and the CDC is complete at once.
+    fn flush_shm(&self, p: &ShmPath, st: &mut ConnState, now: Instant) {
+        loop {
+            let Some(rings) = st.shm.as_mut() else { return };
+            match rings.tx.has_room() {
+                Ok(true) => {}
+                // The peer wakes us when it consumed (its ring's TX_WAIT).
+                Ok(false) => return,
+                Err(e) => {
+                    warn!(token = self.token, error = %e, "same-host peer broke the ring");
+                    st.conn.kill(crate::conn::AbortReason::Violation(
+                        crate::conn::Violation::SharedRing,
+                    ));
+                    return;
+                }
+            }
+            let Some(t) = st.conn.poll_transmit(now) else {
+                return;
+            };
+            for w in t.writes() {
+                self.sndbuf.copy_to(
+                    w.src_off as usize,
+                    &p.tx_data,
+                    w.dst_off as usize,
+                    w.len as usize,
+                );
+            }
+            let cdc = t.cdc.to_bytes();
+            let Some(rings) = st.shm.as_mut() else { return };
+            if rings.tx.publish(&cdc) {
+                p.ring_peer();
+            }
+            self.bytes_sent.fetch_add(t.data_len(), Ordering::Relaxed);
+            st.conn.on_cdc_sent(t.cdc.seqno);
+        }
+    }
+
+    /// Takes the CDCs waiting in a same-host connection's ring (any thread; the
+    /// connection's lock is taken here).
+    pub(crate) fn shm_poll(&self, now: Instant) {
+        let Some(p) = self.shm() else { return };
+        let mut st = self.lock();
+        self.shm_drain(p, &mut st, now);
+        self.drive(&mut st, now);
+    }
+
+    fn shm_drain(&self, p: &ShmPath, st: &mut ConnState, now: Instant) {
+        let Some(mut rings) = st.shm.take() else {
+            return;
+        };
+        let mut msgs: arrayvec::ArrayVec<[u8; 44], 64> = arrayvec::ArrayVec::new();
+        let res = rings.rx.drain(|b| {
+            let _ = msgs.try_push(*b);
+        });
+        p.rx_tail_hint.store(rings.rx.tail, Ordering::Release);
+        st.shm = Some(rings);
+        match res {
+            Ok(wake_writer) => {
+                if wake_writer {
+                    p.ring_peer();
+                }
+            }
+            Err(e) => {
+                warn!(token = self.token, error = %e, "same-host peer broke the ring");
+                st.conn.kill(crate::conn::AbortReason::Violation(
+                    crate::conn::Violation::SharedRing,
+                ));
+                return;
+            }
+        }
+        for b in &msgs {
+            match CdcRepr::parse_bytes(b) {
+                Ok(msg) => self.apply_cdc(st, &msg, now),
+                Err(e) => {
+                    // Not a CDC where the ring says one is: like a malformed CDC on a
+                    // link, the peer broke the protocol; only this connection ends.
+                    warn!(token = self.token, error = %e, "same-host peer wrote a bad CDC");
+                    st.conn.kill(crate::conn::AbortReason::Violation(
+                        crate::conn::Violation::SharedRing,
+                    ));
                     return;
                 }
             }
@@ -228,6 +381,11 @@ impl ConnShared {
     /// A received CDC (completion thread).
     pub(crate) fn on_cdc(&self, msg: &CdcRepr, now: Instant) {
         let mut st = self.lock();
+        self.apply_cdc(&mut st, msg, now);
+        self.drive(&mut st, now);
+    }
+
+    fn apply_cdc(&self, st: &mut ConnState, msg: &CdcRepr, now: Instant) {
         let before = st.conn.rx_consumed() + st.conn.rx_unread();
         let rmb = &self.rmb;
         let out = st.conn.handle_cdc(msg, now, |off| {
@@ -243,7 +401,6 @@ impl ConnShared {
                 .fetch_add(after - before, Ordering::Relaxed);
         }
         tracing::trace!(token = self.token, ?out, "cdc");
-        self.drive(&mut st, now);
     }
 
     /// A CDC's send completion (completion thread).

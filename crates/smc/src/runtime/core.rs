@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use smc_verbs::{AccessFlags, RdmaBuffer};
 use tracing::{debug, trace, warn};
 
-use super::conn::{ConnShared, ConnState};
-use super::host::{HostCtx, HostState};
+use super::conn::{ConnShared, ConnState, Path, RdmaPath};
+use super::host::{HostCtx, HostState, SAME_HOST_LGR};
 use super::routes::{client_route, eligibility, server_route};
 use super::{
     sys, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo, LinkListing,
@@ -50,6 +50,9 @@ struct RdvIo {
     local: SocketAddr,
     peer: SocketAddr,
     origin: Origin,
+    /// Client: the nonce of our same-host offer (its token and memory are given back
+    /// when the rendezvous ends another way).
+    same_host_nonce: Option<u64>,
 }
 
 pub(crate) struct Core {
@@ -122,6 +125,27 @@ impl Core {
         let id = TcpId(self.next_tcp);
         self.next_tcp += 1;
         let client = matches!(origin, Origin::Connect(_));
+        let eligible = !matches!(elig, Eligibility::NotEligible { .. });
+        let mut route = client.then(|| client_route(inner, dev.as_ref(), local.ip()));
+        // The same-host offer (docs/samehost.md): only where CLC runs at all, with a
+        // token of its own registered for the server's Unix-socket hello.
+        let mut same_host_nonce = None;
+        if let (Some(r), Some(sh), true) = (route.as_mut(), &inner.same_host, eligible) {
+            if r.v1.is_some() || r.v2.is_some() {
+                let token = inner
+                    .tokens
+                    .write()
+                    .ok()
+                    .and_then(|mut t| t.alloc(SAME_HOST_LGR, &mut rand::rng()));
+                if let Some(token) = token {
+                    r.same_host = sh.offer(token);
+                    match &r.same_host {
+                        Some(o) => same_host_nonce = Some(o.nonce),
+                        None => release_token(inner, token),
+                    }
+                }
+            }
+        }
         self.rdvs.insert(
             id,
             RdvIo {
@@ -130,15 +154,16 @@ impl Core {
                 local,
                 peer,
                 origin,
+                same_host_nonce,
             },
         );
         let now = Instant::now();
         let (l, p, d) = (local.ip(), peer.ip(), dev.map(|d| d.id));
-        if client {
-            let route = client_route(inner, dev.as_ref(), l);
+        if let Some(route) = route {
             self.ep(inner, |ep, h| ep.connect(now, h, id, l, p, route, elig, d));
         } else {
-            let route = server_route(inner, dev.as_ref(), l);
+            let mut route = server_route(inner, dev.as_ref(), l);
+            route.same_host = inner.same_host.is_some();
             self.ep(inner, |ep, h| ep.accept(now, h, id, l, p, route, elig, d));
         }
     }
@@ -203,7 +228,28 @@ impl Core {
             return;
         };
         flush_out(&mut r);
+        // The same-host memory of this rendezvous, if any: used below, or given back.
+        let mut shm = match r.same_host_nonce {
+            Some(n) => inner.same_host.as_ref().and_then(|s| s.take(n)),
+            None => None,
+        };
+        let mut server_shm = self.host.same_host_ready.remove(&tcp);
         let result: io::Result<Established> = match outcome {
+            RendezvousOutcome::SameHost(est) => {
+                let setup = match est.role {
+                    clc::Role::Client => shm.take().and_then(|(_, s)| s),
+                    clc::Role::Server => server_shm.take(),
+                };
+                match setup.ok_or_else(|| io::Error::other("same-host memory vanished")) {
+                    Ok(setup) => Ok(Established::Smc(self.create_shm_conn(inner, &r, setup))),
+                    Err(e) => {
+                        if let Ok(t) = r.tcp.try_clone() {
+                            sys::reset_tcp(t);
+                        }
+                        Err(e)
+                    }
+                }
+            }
             RendezvousOutcome::Smc(nc) => match self.create_conn(inner, &r, &nc) {
                 Ok(c) => Ok(Established::Smc(c)),
                 Err(e) => {
@@ -236,6 +282,12 @@ impl Core {
                 ))
             }
         };
+        if let Some((token, _)) = shm {
+            release_token(inner, token);
+        }
+        if let Some(s) = server_shm {
+            release_token(inner, s.local_token);
+        }
         match &r.origin {
             Origin::Connect(slot) => slot.complete(result),
             Origin::Accept(l) => match result {
@@ -243,6 +295,53 @@ impl Core {
                 Err(e) => debug!(peer = %r.peer, error = %e, "accepted connection dropped"),
             },
         }
+    }
+
+    /// A same-host connection over the memory its rendezvous set up (`shm`).
+    fn create_shm_conn(
+        &mut self,
+        inner: &Arc<Inner>,
+        r: &RdvIo,
+        setup: super::shm::ShmSetup,
+    ) -> Arc<ConnShared> {
+        let cfg = &inner.cfg;
+        let (token, peer_token, peer_len) = (
+            setup.local_token,
+            setup.peer_token,
+            setup.tx.data.len() as u32,
+        );
+        let (path, rings, rmb) = super::shm::ShmPath::new(setup, cfg.same_host_spin);
+        let params = crate::conn::ConnParams::new(
+            // No eye catcher: the RMB is ours alone (RFC 7609 §4.2's is optional).
+            crate::conn::RmbeGeometry::linux(rmb.len() as u32).expect("bounded RMB"),
+            crate::conn::RmbeGeometry::linux(peer_len).expect("bounded by map_peer"),
+            cfg.sndbuf_size.min(u32::MAX as usize) as u32,
+            token,
+            peer_token,
+        );
+        let conn = Conn::new(params, cfg.conn.clone()).expect("valid same-host parameters");
+        let sndbuf = RdmaBuffer::new(cfg.sndbuf_size).expect("send buffer");
+        let shared = Arc::new_cyclic(|me| ConnShared {
+            token,
+            path: Path::Shm(path),
+            rmb,
+            sndbuf,
+            local: r.local,
+            peer: r.peer,
+            version: 2,
+            first_contact: false,
+            state: Mutex::new(ConnState::new(conn, r.tcp.try_clone().ok(), Some(rings))),
+            cond: Condvar::new(),
+            bytes_sent: Default::default(),
+            bytes_received: Default::default(),
+            wake_seq: Default::default(),
+            stack: Arc::downgrade(inner),
+            self_ref: me.clone(),
+        });
+        // CDCs the peer put in our ring before we got here.
+        shared.shm_poll(Instant::now());
+        self.host.conns.insert(token, shared.clone());
+        shared
     }
 
     fn create_conn(
@@ -286,32 +385,20 @@ impl Core {
         let tcp = r.tcp.try_clone()?;
         let shared = Arc::new_cyclic(|me| ConnShared {
             token: nc.token,
-            lgr: nc.lgr,
-            link,
+            path: Path::Rdma(RdmaPath {
+                lgr: nc.lgr,
+                link,
+                sndbuf_mr,
+                peer_base: nc.peer_base,
+                peer_rkey: nc.peer_rkey,
+            }),
             rmb,
             sndbuf,
-            sndbuf_mr,
-            peer_base: nc.peer_base,
-            peer_rkey: nc.peer_rkey,
             local: r.local,
             peer: r.peer,
             version: nc.version,
             first_contact: nc.contact.is_first(),
-            state: Mutex::new(ConnState {
-                conn,
-                tcp: Some(tcp),
-                tcp_fin_sent: false,
-                tcp_done: false,
-                armed: None,
-                waiting_slots: false,
-                released: false,
-                read_timeout: None,
-                write_timeout: None,
-                nonblocking: false,
-                rx_waker: None,
-                tx_waker: None,
-                drivers: Vec::new(),
-            }),
+            state: Mutex::new(ConnState::new(conn, Some(tcp), None)),
             cond: Condvar::new(),
             bytes_sent: Default::default(),
             bytes_received: Default::default(),
@@ -450,6 +537,21 @@ impl Core {
             match r {
                 Ok(0) => {
                     st.tcp_done = true;
+                    if c.shm().is_some() {
+                        drop(st);
+                        c.shm_poll(now);
+                        let mut st = c.lock();
+                        // The peer's close flags are in the ring before its FIN leaves
+                        // (it shuts TCP down after publishing them, and its ring
+                        // writes need no retransmission): a FIN without them means
+                        // its process is gone (SIGKILL) — no TEST LINK to wait for.
+                        if matches!(st.conn.state(), State::Active | State::PeerCloseWait1) {
+                            debug!(token, "same-host peer gone");
+                            st.conn.kill(AbortReason::PeerGone);
+                            c.drive(&mut st, now);
+                        }
+                        return;
+                    }
                     let closing = !matches!(st.conn.state(), State::Active | State::PeerCloseWait1);
                     drop(st);
                     self.ep(inner, |ep, h| ep.conn_tcp_fin(now, h, token, closing));
@@ -468,6 +570,12 @@ impl Core {
                     // RST (RFC 7609 §4.8.2): abort the SMC-R connection.
                     debug!(token, error = %e, "TCP connection reset");
                     st.tcp_done = true;
+                    if c.shm().is_some() {
+                        // The endpoint knows no same-host connection: §4.8.2 here.
+                        st.conn.on_tcp_reset(now);
+                        c.drive(&mut st, now);
+                        return;
+                    }
                     drop(st);
                     self.ep.conn_tcp_error(token);
                     self.apply(inner);
@@ -518,9 +626,17 @@ impl Core {
                 continue;
             };
             drop(c.lock().tcp.take());
-            let pool = self.host.sndbufs.entry((c.lgr, c.link.id)).or_default();
-            if pool.len() < inner.cfg.rmb_cache && !c.link.dead.load(Ordering::SeqCst) {
-                pool.push((c.sndbuf.clone(), c.sndbuf_mr.clone()));
+            let Some(rd) = c.rdma() else {
+                // Same host: the mappings and descriptors go with the last reference
+                // (the application's handle is gone by now).
+                drop(c.lock().shm.take());
+                release_token(inner, t);
+                debug!(token = t, "same-host connection released");
+                continue;
+            };
+            let pool = self.host.sndbufs.entry((rd.lgr, rd.link.id)).or_default();
+            if pool.len() < inner.cfg.rmb_cache && !rd.link.dead.load(Ordering::SeqCst) {
+                pool.push((c.sndbuf.clone(), rd.sndbuf_mr.clone()));
             }
             debug!(token = t, "connection released");
             self.ep(inner, |ep, h| ep.conn_released(now, h, t));
@@ -613,9 +729,12 @@ impl Core {
                 ConnInfo {
                     local: c.local,
                     peer: c.peer,
-                    mode: format!("SMC-Rv{}", c.version),
+                    mode: match c.lgr() {
+                        Some(_) => format!("SMC-Rv{}", c.version),
+                        None => "same-host".into(),
+                    },
                     state: st.conn.state().to_string(),
-                    lgr: Some(LinkGroupId(c.lgr.0)),
+                    lgr: c.lgr().map(|l| LinkGroupId(l.0)),
                     bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
                     bytes_received: c.bytes_received.load(Ordering::Relaxed),
                 }
@@ -646,6 +765,8 @@ impl Core {
             rmbs,
             rmb_elements_in_use: in_use,
             smc_connections: self.host.conns.len(),
+            same_host_connections: self.host.conns.values().filter(|c| c.shm().is_some()).count(),
+            same_host_total: c.same_host_total,
             handshakes: self.rdvs.len(),
             listeners: self.listeners.len(),
             smc_total: c.smc_total,
@@ -720,6 +841,7 @@ enum Fd {
     Listener(u64),
     Rdv(TcpId),
     Conn(u32),
+    Bell(u32),
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -768,6 +890,12 @@ pub(crate) fn run(inner: Arc<Inner>) {
                         what.push(Fd::Conn(*t));
                     }
                 }
+                if let Some(p) = c.shm() {
+                    if st.conn.state() != State::Closed {
+                        fds.push(pfd(p.bell.fd(), libc::POLLIN));
+                        what.push(Fd::Bell(*t));
+                    }
+                }
             }
             let now = Instant::now();
             core.next_deadline()
@@ -805,6 +933,15 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 Fd::Listener(id) => core.on_listener(&inner, id),
                 Fd::Rdv(id) => core.on_rdv_io(&inner, id, now, &mut buf),
                 Fd::Conn(t) => core.on_conn_tcp(&inner, t, now),
+                Fd::Bell(t) => {
+                    // The same-host peer put CDCs in our ring (or made room in its).
+                    if let Some(c) = core.host.conns.get(&t).cloned() {
+                        if let Some(p) = c.shm() {
+                            p.bell.drain();
+                        }
+                        c.shm_poll(now);
+                    }
+                }
             }
         }
         core.on_timers(&inner, now);
@@ -830,5 +967,11 @@ fn flush_out(r: &mut RdvIo) {
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => return,
         }
+    }
+}
+
+fn release_token(inner: &Inner, token: u32) {
+    if let Ok(mut t) = inner.tokens.write() {
+        t.release(token);
     }
 }

@@ -42,7 +42,13 @@ pub(crate) struct HostState {
     /// Free send buffers per link (registered on that link's PD).
     pub sndbufs: HashMap<(LgrId, llc::LinkId), Vec<Sndbuf>>,
     pub conns: BTreeMap<u32, Arc<ConnShared>>,
+    /// Server: the shared memory of same-host rendezvous, until they finish.
+    pub same_host_ready: HashMap<crate::endpoint::TcpId, super::shm::ShmSetup>,
 }
+
+/// The token table's name for same-host connections, which have no link group: their
+/// tokens never match a CDC arriving on a link.
+pub(crate) const SAME_HOST_LGR: LgrId = LgrId(u64::MAX);
 
 /// [`HostState`] with the stack, for one endpoint call.
 pub(crate) struct HostCtx<'a> {
@@ -236,6 +242,34 @@ impl Host for HostCtx<'_> {
 
     fn free_rmb(&mut self, lgr: LgrId, rmb: llc::RmbId) {
         self.st.rmbs.remove(&(lgr, rmb.0));
+    }
+
+    fn same_host_server(
+        &mut self,
+        tcp: crate::endpoint::TcpId,
+        offer: &smc_wire::clc::SameHostOffer,
+    ) -> Option<u64> {
+        let sh = self.inner.same_host.as_ref()?;
+        let token = self.alloc_token(SAME_HOST_LGR)?;
+        match sh.connect(offer, token) {
+            Ok(setup) => {
+                self.st.same_host_ready.insert(tcp, setup);
+                Some(sh.stack_id)
+            }
+            Err(e) => {
+                // Not on this host, another user, or no answer: SMC-R as usual.
+                debug!(error = %e, "same-host offer not taken");
+                self.release_token(token);
+                None
+            }
+        }
+    }
+
+    fn same_host_client(&mut self, _tcp: crate::endpoint::TcpId, nonce: u64) -> bool {
+        self.inner
+            .same_host
+            .as_ref()
+            .is_some_and(|s| s.client_ready(nonce))
     }
 
     fn alloc_token(&mut self, lgr: LgrId) -> Option<u32> {

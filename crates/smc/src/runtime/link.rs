@@ -606,7 +606,7 @@ mod tests {
         let conns = cli.inner.lock_core().conns();
         assert_eq!(conns.len(), 1);
         let conn = conns[0].clone();
-        let link = conn.link.clone();
+        let link = conn.rdma().expect("an SMC-R connection").link.clone();
         // Every send slot taken (as by work the peer never acknowledges), then data to
         // send: the connection registers as a waiter.
         let mut waiting = false;

@@ -15,6 +15,7 @@ mod core;
 mod host;
 pub(crate) mod link;
 mod routes;
+pub(crate) mod shm;
 mod sys;
 
 use std::collections::VecDeque;
@@ -91,6 +92,17 @@ pub struct StackConfig {
     /// completion handler there), so the peer's CDC wakes one thread instead of the
     /// RNIC's and then this one. Zero disables it.
     pub rnic_drive: Duration,
+    /// Offer and take smc-rs's same-host path (shared memory between two smc-rs stacks
+    /// on one host, docs/samehost.md). Off by default for now (`SMC_RS_SAME_HOST=1`
+    /// turns it on in `from_env`): the loopback tests of SMC-R itself rely on two local
+    /// stacks using RDMA.
+    pub same_host: bool,
+    /// Directory of the stacks' Unix sockets for the same-host handshake
+    /// (`SMC_RS_SAME_HOST_DIR`; both ends must use the same one).
+    pub same_host_dir: std::path::PathBuf,
+    /// Longest spin of a blocking read or write of a same-host connection on its ring
+    /// before it sleeps (adaptive below it; `SMC_RS_SAME_HOST_SPIN_US`, 0: never spin).
+    pub same_host_spin: Duration,
     /// Connection policy knobs (update policy, close timers, ...).
     pub conn: ConnConfig,
     /// Rendezvous details (host name, layouts, LLC timers); versions, UEIDs and the CLC
@@ -139,6 +151,9 @@ impl StackConfig {
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
             rnic_drive: Duration::from_millis(1),
+            same_host: false,
+            same_host_dir: shm::DEFAULT_DIR.into(),
+            same_host_spin: Duration::from_micros(50),
             conn: ConnConfig {
                 update_policy: UpdatePolicy::linux(),
                 ..ConnConfig::default()
@@ -154,7 +169,9 @@ impl StackConfig {
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
-    /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
+    /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off), the same-host path from
+    /// `SMC_RS_SAME_HOST`, `SMC_RS_SAME_HOST_DIR` and `SMC_RS_SAME_HOST_SPIN_US`. Bad
+    /// values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(crate::defaults::provider());
         c.tcp_option = Some(crate::defaults::tcp_option());
@@ -204,6 +221,20 @@ impl StackConfig {
         if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
             // 0 disables TEST LINK keepalive.
             c.keepalive = (!d.is_zero()).then_some(d);
+        }
+        if let Ok(v) = std::env::var("SMC_RS_SAME_HOST") {
+            c.same_host = matches!(v.trim(), "1" | "on" | "yes" | "true");
+        }
+        if let Ok(v) = std::env::var("SMC_RS_SAME_HOST_DIR") {
+            if !v.trim().is_empty() {
+                c.same_host_dir = v.trim().into();
+            }
+        }
+        if let Ok(v) = std::env::var("SMC_RS_SAME_HOST_SPIN_US") {
+            match v.trim().parse::<u64>() {
+                Ok(n) => c.same_host_spin = Duration::from_micros(n),
+                Err(_) => warn!(value = %v, "SMC_RS_SAME_HOST_SPIN_US is not a number; ignored"),
+            }
         }
         if let Ok(v) = std::env::var("SMC_RS_LOCAL_ADDR") {
             match v.trim().parse::<IpAddr>() {
@@ -362,6 +393,11 @@ pub struct Stats {
     /// LLC messages of peers dropped as floods (beyond the per-link inbox bound, or TEST
     /// LINK requests beyond the answers in flight).
     pub llc_dropped: u64,
+    /// Same-host connections alive (not yet released; also counted in
+    /// `smc_connections`).
+    pub same_host_connections: usize,
+    /// Connections that ended up on the same-host path, ever (not in `smc_total`).
+    pub same_host_total: u64,
 }
 
 /// Counters the runtime keeps itself (the endpoint counts the rest).
@@ -479,6 +515,8 @@ pub(crate) struct Inner {
     instance: u16,
     peer_id: OnceLock<PeerId>,
     pub tcp_option: Arc<dyn TcpOption>,
+    /// The same-host path (`None` when configured off).
+    pub(crate) same_host: Option<Arc<shm::SameHost>>,
     core: Mutex<Core>,
     pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
@@ -630,6 +668,12 @@ impl Stack {
             instance: rand::random::<u16>(),
             peer_id: OnceLock::new(),
             tcp_option,
+            same_host: config.same_host.then(|| {
+                Arc::new(shm::SameHost::new(
+                    config.same_host_dir.clone(),
+                    config.rmb_size,
+                ))
+            }),
             core: Mutex::new(Core::new(ep_cfg)),
             tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
@@ -689,6 +733,9 @@ impl Drop for Stack {
         self.inner.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let Some(s) = &self.inner.same_host {
+            s.shutdown();
         }
     }
 }

@@ -49,6 +49,7 @@ pub(crate) fn client_route(inner: &Inner, dev: Option<&DeviceInfo>, local: IpAdd
             peer_id,
             v1: None,
             v2: None,
+            same_host: None,
         };
     };
     let ld = LocalDevice {
@@ -91,6 +92,7 @@ pub(crate) fn client_route(inner: &Inner, dev: Option<&DeviceInfo>, local: IpAdd
             device: ld,
             gid_list: ArrayVec::new(),
         }),
+        same_host: None,
     }
 }
 
@@ -104,6 +106,7 @@ pub(crate) fn server_route(inner: &Inner, dev: Option<&DeviceInfo>, local: IpAdd
             peer_id,
             v1_prefixes: None,
             v2: false,
+            same_host: false,
         };
     }
     let prefixes = sys::interface_of(local).map(|i| {
@@ -126,5 +129,6 @@ pub(crate) fn server_route(inner: &Inner, dev: Option<&DeviceInfo>, local: IpAdd
         peer_id,
         v1_prefixes: prefixes,
         v2: local.is_ipv4(),
+        same_host: false,
     }
 }
