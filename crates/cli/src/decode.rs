@@ -293,6 +293,13 @@ fn clc_line(m: &ClcMessage) -> (String, String) {
             format!("CLC {} (SMC-D)", o.msg_type().name()),
             other_line(o),
         ),
+        ClcMessage::SameHostAccept(a) => (
+            "CLC same-host Accept".into(),
+            format!(
+                "CLC same-host Accept (smc-rs, type 0x81) stack={:016x} nonce={:016x}",
+                a.stack_id, a.nonce
+            ),
+        ),
     }
 }
 
@@ -321,6 +328,21 @@ fn proposal_line(p: &ProposalRepr) -> String {
                 .collect();
             let _ = write!(s, " prefixes=[{}]", list.join(","));
         }
+    }
+    let smcd = match &p.body {
+        ProposalBody::V1 {
+            area: smc_wire::clc::V1Area::Smcd(a),
+            ..
+        }
+        | ProposalBody::V2 { smcd: a, .. } => Some(a),
+        _ => None,
+    };
+    if let Some(o) = smcd.and_then(smc_wire::clc::SameHostOffer::from_smcd_area) {
+        let _ = write!(
+            s,
+            " same-host-offer(stack={:016x} nonce={:016x})",
+            o.stack_id, o.nonce
+        );
     }
     if let Some(v2) = v2 {
         let eids: Vec<String> = v2.eids.iter().map(|e| e.to_string()).collect();

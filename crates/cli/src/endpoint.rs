@@ -391,7 +391,7 @@ impl Check {
         let _ = writeln!(
             o,
             "conn {i} mode={} sent {} bytes sha256={} received {} bytes sha256={} in {:.3} s {}",
-            if mode.is_smc() { "SMC-R" } else { "TCP" },
+            mode.short(),
             sent.bytes,
             sent.hex(),
             got.bytes,

@@ -15,6 +15,8 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 pub enum ModeKind {
     /// SMC-R: RDMA WRITEs into the peer's RMB.
     SmcR,
+    /// smc-rs's same-host path: copies into the peer's RMB mapped through shared memory.
+    SameHost,
     /// An SMC socket that stays on TCP (RFC 7609 §3.5 fallback).
     Fallback,
     /// A plain kernel TCP socket (baseline), not an SMC socket at all.
@@ -35,9 +37,18 @@ pub struct ConnMode {
 }
 
 impl ConnMode {
-    /// True for SMC-R.
+    /// True for SMC: SMC-R, or the same-host path (SMC without RDMA).
     pub fn is_smc(&self) -> bool {
-        self.kind == ModeKind::SmcR
+        matches!(self.kind, ModeKind::SmcR | ModeKind::SameHost)
+    }
+
+    /// The short name `smc connect` prints (`mode=...`).
+    pub fn short(&self) -> &'static str {
+        match self.kind {
+            ModeKind::SmcR => "SMC-R",
+            ModeKind::SameHost => "same-host",
+            ModeKind::Fallback | ModeKind::KernelTcp => "TCP",
+        }
     }
 }
 

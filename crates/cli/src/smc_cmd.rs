@@ -39,6 +39,12 @@ fn conn_mode(m: &Mode) -> ConnMode {
                 }
             ),
         },
+        Mode::SameHost { .. } => ConnMode {
+            kind: ModeKind::SameHost,
+            link_group: None,
+            first_contact: None,
+            text: m.to_string(),
+        },
         Mode::Fallback { reason } => {
             // FallbackReason's text starts with "TCP fallback: ".
             let r = reason.to_string();

@@ -45,13 +45,29 @@ pub fn provider() -> std::sync::Arc<dyn smc_verbs::Provider> {
 }
 
 /// A stack config for tests: softroce (or iWARP, see [`provider`]), CLC without the TCP
-/// option for `peers`.
+/// option for `peers`. With `SMC_RS_TEST_SAME_HOST=1` both stacks of a pair take the
+/// same-host path instead (the close/abort/urgent tests of `close.rs` on it).
 pub fn config(local: &str, peers: &str) -> StackConfig {
     let mut c = StackConfig::with_provider(provider());
     c.tcp_option = None;
     c.skip_tcp_option = peers.parse().expect("policy");
     c.local_addr = Some(local.parse().unwrap());
+    if same_host_tests() {
+        enable_same_host(&mut c);
+    }
     c
+}
+
+/// `SMC_RS_TEST_SAME_HOST=1`: run the pair's connections on the same-host path.
+pub fn same_host_tests() -> bool {
+    std::env::var("SMC_RS_TEST_SAME_HOST").is_ok_and(|v| v == "1")
+}
+
+/// Same-host path on, with a socket directory of the tests (stale sockets of killed
+/// test processes are removed by the next stack that listens there).
+pub fn enable_same_host(c: &mut StackConfig) {
+    c.same_host = true;
+    c.same_host_dir = std::env::temp_dir().join("smc-rs-test-samehost");
 }
 
 pub fn pair() -> (Stack, Stack) {

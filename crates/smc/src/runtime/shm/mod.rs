@@ -256,7 +256,19 @@ impl SameHost {
         let bell = EventFd::new()?;
         let bell_fd = bell_owned(&bell)?;
         let setup = finish_setup(rx, bell, token, &h, fds, peer_pid)?;
-        exchange::send(
+        // Ready before the server hears back: it answers the client on TCP at once, and
+        // the client's rendezvous asks for the memory as soon as that arrives.
+        {
+            let mut p = self
+                .pending
+                .lock()
+                .map_err(|_| io::Error::other("poisoned"))?;
+            match p.get_mut(&h.nonce) {
+                Some(x) if x.ready.is_none() => x.ready = Some(setup),
+                _ => return Err(io::Error::other("offer gone meanwhile")),
+            }
+        }
+        let sent = exchange::send(
             s,
             &SameHostHello {
                 nonce: h.nonce,
@@ -265,15 +277,16 @@ impl SameHost {
                 status: 0,
             },
             &[&memfd, &bell_fd],
-        )?;
-        let mut p = self
-            .pending
-            .lock()
-            .map_err(|_| io::Error::other("poisoned"))?;
-        if let Some(x) = p.get_mut(&h.nonce) {
-            x.ready = Some(setup);
+        );
+        if sent.is_err() {
+            // The server goes on with SMC-R; this memory will not be used.
+            if let Ok(mut p) = self.pending.lock() {
+                if let Some(x) = p.get_mut(&h.nonce) {
+                    x.ready = None;
+                }
+            }
         }
-        Ok(())
+        sent
     }
 
     /// Stops the socket thread and removes the socket (stack shutdown).

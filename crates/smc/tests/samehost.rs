@@ -1,0 +1,398 @@
+//! The same-host path (docs/samehost.md) between two stacks of this process: which path
+//! a connection takes, data integrity both ways, flow control, leaks over many
+//! connections, a peer scribbling on the shared memory, a peer that vanishes, and a
+//! stack with a same-host peer and an SMC-R peer at once. The close/abort/urgent
+//! scenarios of `close.rs` run on this path with `SMC_RS_TEST_SAME_HOST=1`
+//! (scripts/test.sh does).
+//!
+//! `SMC_RS_SAMEHOST_FULL=1` runs the long loops in full (1,000 sequential and 1,000
+//! concurrent connections, 1 GiB each way); by default they run short.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use smc::{Mode, SmcListener, SmcStream, Stack, StackConfig};
+
+fn full() -> bool {
+    std::env::var("SMC_RS_SAMEHOST_FULL").is_ok_and(|v| v == "1")
+}
+
+/// A pair of stacks with the same-host path on both (or as the closures say).
+fn sh_pair_with(
+    srv: impl FnOnce(&mut StackConfig),
+    cli: impl FnOnce(&mut StackConfig),
+) -> (Stack, Stack) {
+    pair_with(
+        |c| {
+            enable_same_host(c);
+            srv(c)
+        },
+        |c| {
+            enable_same_host(c);
+            cli(c)
+        },
+    )
+}
+
+fn sh_pair() -> (Stack, Stack) {
+    sh_pair_with(|_| {}, |_| {})
+}
+
+fn connect_pair(srv: &Stack, cli: &Stack) -> (SmcStream, SmcStream) {
+    let l = listen(srv);
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap().0);
+    let c = SmcStream::connect_with(cli, addr).unwrap();
+    (c, t.join().unwrap())
+}
+
+/// Mappings of same-host memfds in this process (`/proc/self/maps`).
+fn shm_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("memfd:smc-rs-samehost"))
+        .count()
+}
+
+/// Open descriptors of this process.
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn both_on_takes_the_same_host_path_and_one_off_stays_smc_r() {
+    let (srv, cli) = sh_pair();
+    let (c, s) = connect_pair(&srv, &cli);
+    assert!(c.mode().is_same_host(), "{}", c.mode());
+    assert!(s.mode().is_same_host(), "{}", s.mode());
+    assert!(c.mode().is_smc());
+    let Mode::SameHost { peer_pid } = c.mode() else {
+        unreachable!()
+    };
+    assert_eq!(peer_pid as u32, std::process::id());
+    assert!(c.mode().to_string().contains("same-host"), "{}", c.mode());
+    assert_eq!(cli.stats().same_host_connections, 1);
+    assert_eq!(cli.stats().link_groups, 0, "no RDMA on this path");
+    assert_eq!(srv.stats().same_host_total, 1);
+    assert!(cli
+        .connections()
+        .iter()
+        .any(|i| i.mode == "same-host" && i.lgr.is_none()));
+    (&c).write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+    drop((c, s));
+
+    // The server does not take the offer: SMC-R over the RNIC, as with a Linux peer.
+    let (srv, cli) = sh_pair_with(|c| c.same_host = false, |_| {});
+    let (c, s) = connect_pair(&srv, &cli);
+    assert!(matches!(c.mode(), Mode::Smc { .. }), "{}", c.mode());
+    assert!(matches!(s.mode(), Mode::Smc { .. }), "{}", s.mode());
+    // The client does not offer.
+    let (srv, cli) = sh_pair_with(|_| {}, |c| c.same_host = false);
+    let (c2, _s2) = connect_pair(&srv, &cli);
+    assert!(matches!(c2.mode(), Mode::Smc { .. }), "{}", c2.mode());
+    // Different socket directories (another mount namespace, say): no proof, SMC-R.
+    let (srv, cli) = sh_pair_with(
+        |c| c.same_host_dir = std::env::temp_dir().join("smc-rs-test-samehost-other"),
+        |_| {},
+    );
+    let (c3, _s3) = connect_pair(&srv, &cli);
+    assert!(matches!(c3.mode(), Mode::Smc { .. }), "{}", c3.mode());
+    drop((c, s));
+}
+
+#[test]
+fn bulk_both_ways_hash_verified() {
+    let (srv, cli) = sh_pair();
+    let (c, s) = connect_pair(&srv, &cli);
+    assert!(c.mode().is_same_host());
+    let total = if full() { 1 << 30 } else { 64 << 20 };
+    let (c, s) = (Arc::new(c), Arc::new(s));
+    let mut th = Vec::new();
+    for (tx, seed) in [(c.clone(), 1u64), (s.clone(), 2u64)] {
+        th.push(thread::spawn(move || {
+            let h = send_stream(&tx, seed, total, 65536 + 17);
+            tx.shutdown(Shutdown::Write).unwrap();
+            h
+        }));
+    }
+    let rs = {
+        let s = s.clone();
+        thread::spawn(move || recv_stream(&s, usize::MAX))
+    };
+    let (got_c, h_c) = recv_stream(&c, usize::MAX);
+    let (got_s, h_s) = rs.join().unwrap();
+    let sent_c = th.remove(0).join().unwrap();
+    let sent_s = th.remove(0).join().unwrap();
+    assert_eq!((got_s, got_c), (total, total));
+    assert_eq!(h_s, sent_c, "client → server bytes differ");
+    assert_eq!(h_c, sent_s, "server → client bytes differ");
+}
+
+#[test]
+fn small_messages_ping_pong_and_odd_sizes() {
+    let (srv, cli) = sh_pair();
+    let (c, s) = connect_pair(&srv, &cli);
+    let echo = thread::spawn(move || {
+        let mut b = vec![0u8; 70_000];
+        loop {
+            match (&s).read(&mut b) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => (&s).write_all(&b[..n]).unwrap(),
+            }
+        }
+    });
+    for (i, len) in [1usize, 7, 8, 9, 1023, 4096, 65_537, 1, 3].iter().enumerate() {
+        let data = pattern(i as u64, *len);
+        (&c).write_all(&data).unwrap();
+        let mut got = vec![0u8; *len];
+        (&c).read_exact(&mut got).unwrap();
+        assert!(got == data, "round trip of {len} bytes");
+    }
+    for _ in 0..2000 {
+        (&c).write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        (&c).read_exact(&mut b).unwrap();
+    }
+    drop(c);
+    echo.join().unwrap();
+}
+
+#[test]
+fn many_sequential_and_concurrent_connections_leave_nothing() {
+    let (srv, cli) = sh_pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    // Warm up (threads, sockets and the socket thread exist from here on).
+    assert!(echo_once(&cli, addr, 0, 100).is_same_host());
+    let settle = |n: usize| {
+        wait_until(Duration::from_secs(10), || {
+            cli.stats().smc_connections == 0 && srv.stats().smc_connections == n
+        })
+    };
+    let n = if full() { 1000 } else { 200 };
+    thread::sleep(Duration::from_millis(100));
+    let (fds0, maps0, tok0) = (fds(), shm_mappings(), cli.stats().alert_tokens);
+    for i in 0..n {
+        let m = echo_once(&cli, addr, i as u64, 1000 + i);
+        assert!(m.is_same_host(), "{m}");
+    }
+    assert!(settle(0), "{:?} {:?}", cli.stats(), srv.stats());
+    assert!(wait_until(Duration::from_secs(10), || fds() <= fds0
+        && shm_mappings() <= maps0));
+    assert_eq!(cli.stats().alert_tokens, tok0);
+    assert_eq!(srv.stats().alert_tokens, 0);
+    assert_eq!(cli.stats().same_host_total, n as u64 + 1);
+
+    // All open at once.
+    let conns: Vec<SmcStream> = (0..n)
+        .map(|_| SmcStream::connect_with(&cli, addr).unwrap())
+        .collect();
+    assert_eq!(cli.stats().same_host_connections, n);
+    for (i, c) in conns.iter().enumerate() {
+        assert!(c.mode().is_same_host());
+        let data = pattern(i as u64, 333);
+        (&*c).write_all(&data).unwrap();
+    }
+    for (i, c) in conns.iter().enumerate() {
+        let mut got = vec![0u8; 333];
+        (&*c).read_exact(&mut got).unwrap();
+        assert!(got == pattern(i as u64, 333));
+    }
+    // Two memfds per connection, each mapped by its owner and by the peer (the kernel
+    // may merge a memfd's adjacent control and data mappings into one line).
+    assert!(
+        shm_mappings() >= maps0 + 4 * n,
+        "{} mappings for {n} connections",
+        shm_mappings()
+    );
+    drop(conns);
+    assert!(settle(0), "{:?} {:?}", cli.stats(), srv.stats());
+    assert!(
+        wait_until(Duration::from_secs(10), || fds() <= fds0
+            && shm_mappings() <= maps0),
+        "fds {} (before {fds0}), mappings {} (before {maps0})",
+        fds(),
+        shm_mappings()
+    );
+}
+
+/// A peer that writes garbage into the shared control page (outside the cursor
+/// protocol) ends only that connection; its other connections and the stack go on.
+#[test]
+fn scribbling_on_the_shared_memory_ends_only_that_connection() {
+    let (srv, cli) = sh_pair();
+    let (a_c, a_s) = connect_pair(&srv, &cli);
+    let before: Vec<String> = maps_of_shm();
+    let (b_c, b_s) = connect_pair(&srv, &cli);
+    let new: Vec<String> = maps_of_shm()
+        .into_iter()
+        .filter(|l| !before.contains(l))
+        .collect();
+    // B's control pages (4 KiB mappings), written through /proc/self/map_files like
+    // any process holding the memfd could.
+    let mut hit = 0;
+    for l in &new {
+        let range = l.split_whitespace().next().unwrap();
+        let (lo, hi) = range.split_once('-').unwrap();
+        let len = u64::from_str_radix(hi, 16).unwrap() - u64::from_str_radix(lo, 16).unwrap();
+        if len != 4096 {
+            continue;
+        }
+        let Ok(mut f) = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/map_files/{range}"))
+        else {
+            eprintln!("skipped: /proc/self/map_files needs CAP_SYS_ADMIN");
+            return;
+        };
+        f.write_all(&[0xa5; 4096]).unwrap();
+        hit += 1;
+    }
+    assert!(hit >= 2, "B's control pages found: {new:?}");
+    // B notices at its next look at the ring and aborts; A is untouched.
+    (&b_c).write_all(b"after scribble").ok();
+    b_s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    b_c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 64];
+    let r1 = (&b_s).read(&mut buf);
+    let r2 = (&b_c).read(&mut buf);
+    assert!(
+        r1.is_err() || r2.is_err(),
+        "the scribbled connection must fail: {r1:?} {r2:?}"
+    );
+    let data = pattern(9, 1 << 20);
+    let d2 = data.clone();
+    let w = thread::spawn(move || (&a_c).write_all(&d2).unwrap());
+    let mut got = vec![0u8; data.len()];
+    (&a_s).read_exact(&mut got).unwrap();
+    w.join().unwrap();
+    assert!(got == data, "the other connection's data is intact");
+    // The stack still makes new connections.
+    let (c, s) = connect_pair(&srv, &cli);
+    (&c).write_all(b"fine").unwrap();
+    let mut b = [0u8; 4];
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"fine");
+}
+
+fn maps_of_shm() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("memfd:smc-rs-samehost"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The peer's TCP connection ends without the SMC close flags (its process died): the
+/// survivor aborts at once instead of waiting, blocked reader and writer included.
+#[test]
+fn peer_gone_ends_blocked_reader_and_writer() {
+    let (srv, cli) = sh_pair();
+    let (c, s) = connect_pair(&srv, &cli);
+    let c = Arc::new(c);
+    let reader = {
+        let c = c.clone();
+        thread::spawn(move || {
+            let mut b = [0u8; 8];
+            (&*c).read(&mut b)
+        })
+    };
+    let writer = {
+        let c = c.clone();
+        thread::spawn(move || {
+            let chunk = vec![0u8; 1 << 20];
+            loop {
+                if let Err(e) = (&*c).write(&chunk) {
+                    return e;
+                }
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    // Like a SIGKILL of the server process: its stack stops (the kernel would close its
+    // sockets; here the stack's shutdown does) and nothing follows.
+    drop(srv);
+    let e = reader.join().unwrap().unwrap_err();
+    assert!(
+        matches!(
+            e.kind(),
+            ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+        ),
+        "{e}"
+    );
+    let e = writer.join().unwrap();
+    assert!(
+        matches!(
+            e.kind(),
+            ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe
+        ),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    drop((c, s));
+    assert!(wait_until(Duration::from_secs(10), || cli
+        .stats()
+        .smc_connections
+        == 0));
+}
+
+/// One stack with a same-host peer (shared memory) and an SMC-R peer (the software
+/// RNIC) at the same time, both moving data.
+#[test]
+fn one_stack_with_a_same_host_peer_and_an_smc_r_peer() {
+    init_tracing();
+    let mut a = config(&server_ip(), &client_ip());
+    enable_same_host(&mut a);
+    let mut b = config(&ip(3), &client_ip());
+    b.same_host = false;
+    let mut c = config(&client_ip(), &format!("{},{}", server_ip(), ip(3)));
+    enable_same_host(&mut c);
+    let (a, b, c) = (
+        Stack::new(a).unwrap(),
+        Stack::new(b).unwrap(),
+        Stack::new(c).unwrap(),
+    );
+    let la = SmcListener::bind_with(&a, (server_ip().as_str(), 0)).unwrap();
+    let lb = SmcListener::bind_with(&b, (ip(3).as_str(), 0)).unwrap();
+    let (aa, ab): (SocketAddr, SocketAddr) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+    echo_server(la);
+    echo_server(lb);
+    let t1 = {
+        let c = Arc::new(c);
+        let c1 = c.clone();
+        let h1 = thread::spawn(move || {
+            (0..20)
+                .map(|i| echo_once(&c1, aa, i, 200_000))
+                .collect::<Vec<_>>()
+        });
+        let c2 = c.clone();
+        let h2 = thread::spawn(move || {
+            (0..20)
+                .map(|i| echo_once(&c2, ab, i, 200_000))
+                .collect::<Vec<_>>()
+        });
+        (h1.join().unwrap(), h2.join().unwrap(), c)
+    };
+    assert!(t1.0.iter().all(|m| m.is_same_host()), "{:?}", t1.0);
+    assert!(
+        t1.1.iter().all(|m| matches!(m, Mode::Smc { .. })),
+        "{:?}",
+        t1.1
+    );
+    assert!(t1.2.stats().same_host_total >= 20);
+    assert!(t1.2.stats().smc_total >= 20);
+    drop(b);
+}
