@@ -144,7 +144,7 @@ impl Inspect for StackInspect<'_> {
             "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
              rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
              first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} \
-             provider={} devices={}",
+             same-host={} same-host-total={} provider={} devices={}",
             st.link_groups,
             conns.len(),
             st.smc_connections,
@@ -163,6 +163,8 @@ impl Inspect for StackInspect<'_> {
             st.rmbs_deleted,
             st.lgrs_ended,
             st.links_failed,
+            st.same_host_connections,
+            st.same_host_total,
             self.0.config().provider.name(),
             devices_text(&self.0.config().provider.devices()),
         );
@@ -264,12 +266,20 @@ fn terminate(stack: &Stack, drain: Duration) {
 
 /// The process's stack: the default one, or (with `bind`) the default configuration bound
 /// to that address. Lives until the process exits, so that the signal thread may use it.
-fn process_stack(bind: Option<IpAddr>) -> io::Result<&'static Stack> {
-    match bind {
-        None => Ok(Stack::global()),
-        Some(ip) => {
+fn process_stack(
+    bind: Option<IpAddr>,
+    f: Option<&dyn Fn(&mut StackConfig)>,
+) -> io::Result<&'static Stack> {
+    match (bind, f) {
+        (None, None) => Ok(Stack::global()),
+        (ip, f) => {
             let mut c = StackConfig::from_env();
-            c.local_addr = Some(ip);
+            if ip.is_some() {
+                c.local_addr = ip;
+            }
+            if let Some(f) = f {
+                f(&mut c);
+            }
             Ok(Box::leak(Box::new(Stack::new(c)?)))
         }
     }
@@ -278,9 +288,28 @@ fn process_stack(bind: Option<IpAddr>) -> io::Result<&'static Stack> {
 /// Signals (taken before the stack starts its threads): SIGUSR1 prints the stack's
 /// state when `stats`; SIGTERM/SIGINT end its link groups, then the process.
 fn start(bind: Option<IpAddr>, stats: bool, quiet: bool) -> io::Result<&'static Stack> {
+    start_cfg(bind, stats, quiet, None)
+}
+
+/// [`start`] with a stack of its own, configured by `f` beyond the environment.
+fn start_with(
+    bind: Option<IpAddr>,
+    stats: bool,
+    quiet: bool,
+    f: impl Fn(&mut StackConfig),
+) -> io::Result<&'static Stack> {
+    start_cfg(bind, stats, quiet, Some(&f))
+}
+
+fn start_cfg(
+    bind: Option<IpAddr>,
+    stats: bool,
+    quiet: bool,
+    f: Option<&dyn Fn(&mut StackConfig)>,
+) -> io::Result<&'static Stack> {
     let signals = crate::signal::take()?;
     note_policy(quiet);
-    let stack = process_stack(bind)?;
+    let stack = process_stack(bind, f)?;
     crate::signal::handle(
         signals,
         move || {
@@ -338,9 +367,9 @@ fn bench_listen(args: &BenchArgs, ip: IpAddr) -> Result<()> {
         .port
         .checked_add(1)
         .context("--port leaves no room for TCP's port")?;
-    let stack = start(None, args.pair.stats, false)?;
+    let stack = start_with(None, args.pair.stats, false, |c| args.path.configure(c))?;
     let l =
-        SmcListener::bind_with(stack, SocketAddr::new(ip, args.port)).context("SMC-R listener")?;
+        SmcListener::bind_with(stack, SocketAddr::new(ip, args.port)).context("SMC listener")?;
     let tl = TcpListener::bind(SocketAddr::new(ip, tcp_port)).context("TCP listener")?;
     let smc = crate::harness::Server::start(l)?;
     let tcp = crate::harness::Server::start(tl)?;
@@ -375,20 +404,21 @@ fn bench_connect(args: &BenchArgs, ip: IpAddr, plan: &Plan) -> Result<()> {
         .port
         .checked_add(1)
         .context("--port leaves no room for TCP's port")?;
-    let stack = start(None, false, args.json)?;
+    let stack = start_with(None, false, args.json, |c| args.path.configure(c))?;
     if !args.json {
         let sel = smc_providers::selection_or_auto();
         eprintln!(
-            "smc bench: SMC-R and kernel TCP to {ip} (server in another process); provider {}",
+            "smc bench: {} and kernel TCP to {ip} (server in another process); provider {}",
+            args.path.label(),
             smc_providers::describe(sel, ip)
         );
     }
     let smc = bench::measure_remote(
-        "SMC-R",
+        args.path.label(),
         SocketAddr::new(ip, args.port),
         &SmcNet { stack },
         plan,
-        ModeKind::SmcR,
+        args.path.expect(),
     );
     let tcp = bench::measure_remote(
         "TCP",
@@ -397,7 +427,7 @@ fn bench_connect(args: &BenchArgs, ip: IpAddr, plan: &Plan) -> Result<()> {
         plan,
         ModeKind::KernelTcp,
     );
-    let mut report = bench::compare(smc, tcp);
+    let mut report = bench::compare_with(smc, tcp, args.path.goals());
     report.provider = smc_providers::describe(smc_providers::selection_or_auto(), ip);
     report.remote_server = true;
     let r = finish_bench(args, report, None);
@@ -412,11 +442,17 @@ fn bench_connect(args: &BenchArgs, ip: IpAddr, plan: &Plan) -> Result<()> {
 /// device (UDP 4791 on its address), with CLC allowed between them by the explicit
 /// policy (no eBPF needed; outside RFC 7609, see README "TCP option").
 fn stack_pair(p: &PairArgs) -> Result<(Stack, Stack)> {
+    stack_pair_with(p, |_| {})
+}
+
+/// [`stack_pair`] with a change to both stacks' configuration.
+fn stack_pair_with(p: &PairArgs, f: impl Fn(&mut StackConfig)) -> Result<(Stack, Stack)> {
     let policy: smc_bpf::SkipOptionPolicy =
         format!("{},{}", pattern(p.server_ip), pattern(p.client_ip))
             .parse()
             .context("policy")?;
     let mut sc = StackConfig::from_env();
+    f(&mut sc);
     sc.skip_tcp_option = policy.clone();
     sc.tcp_option = None;
     let mut cc = sc.clone();
@@ -544,8 +580,48 @@ pub struct BenchArgs {
     /// The SMC-R port of `--listen`/`--connect` (kernel TCP: the next one).
     #[arg(long, default_value_t = 5301)]
     pub port: u16,
+    /// Which SMC path to measure beside TCP: `rdma` (SMC-R over the RNIC) or
+    /// `same-host` (smc-rs's shared-memory path between stacks on this host, judged by
+    /// the targets of issue 14). With `--listen`/`--connect` both sides must say it.
+    #[arg(long, value_enum, default_value = "rdma")]
+    pub path: BenchPath,
     #[command(flatten)]
     pub pair: PairArgs,
+}
+
+/// The SMC path `smc bench` measures.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchPath {
+    /// SMC-R over the RDMA provider.
+    Rdma,
+    /// The same-host path (shared memory).
+    SameHost,
+}
+
+impl BenchPath {
+    fn label(self) -> &'static str {
+        match self {
+            BenchPath::Rdma => "SMC-R",
+            BenchPath::SameHost => "same-host",
+        }
+    }
+    fn expect(self) -> ModeKind {
+        match self {
+            BenchPath::Rdma => ModeKind::SmcR,
+            BenchPath::SameHost => ModeKind::SameHost,
+        }
+    }
+    fn goals(self) -> bench::Goals {
+        match self {
+            BenchPath::Rdma => bench::Goals::SMC_R,
+            BenchPath::SameHost => bench::Goals::SAME_HOST,
+        }
+    }
+    fn configure(self, c: &mut StackConfig) {
+        if self == BenchPath::SameHost {
+            c.same_host = true;
+        }
+    }
 }
 
 /// `smc bench`.
@@ -567,29 +643,30 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     if let Some(ip) = args.connect {
         return bench_connect(args, ip, &plan);
     }
-    let (server, client) = stack_pair(&args.pair)?;
+    let (server, client) = stack_pair_with(&args.pair, |c| args.path.configure(c))?;
     if !args.json {
         let sel = smc_providers::selection_or_auto();
         eprintln!(
-            "smc bench: SMC-R ({} → {}) vs kernel TCP loopback; provider {}",
+            "smc bench: {} ({} → {}) vs kernel TCP loopback; provider {}",
+            args.path.label(),
             args.pair.client_ip,
             args.pair.server_ip,
             smc_providers::describe(sel, args.pair.client_ip)
         );
     }
     let l = SmcListener::bind_with(&server, SocketAddr::new(args.pair.server_ip, 0))
-        .context("SMC-R listener")?;
+        .context("SMC listener")?;
     let smc = bench::measure(
-        "SMC-R",
+        args.path.label(),
         l,
         &SmcNet { stack: &client },
         &plan,
-        ModeKind::SmcR,
+        args.path.expect(),
     )
-    .context("SMC-R")?;
+    .context(args.path.label())?;
     let tl = TcpListener::bind(SocketAddr::new(args.pair.server_ip, 0))?;
     let tcp = bench::measure("TCP", tl, &KernelTcp, &plan, ModeKind::KernelTcp).context("TCP")?;
-    let mut report = bench::compare(smc, tcp);
+    let mut report = bench::compare_with(smc, tcp, args.path.goals());
     report.provider =
         smc_providers::describe(smc_providers::selection_or_auto(), args.pair.client_ip);
     finish_bench(args, report, Some((&server, &client)))

@@ -202,11 +202,15 @@ fn many_sequential_and_concurrent_connections_leave_nothing() {
     for (i, c) in conns.iter().enumerate() {
         assert!(c.mode().is_same_host());
         let data = pattern(i as u64, 333);
-        (&*c).write_all(&data).unwrap();
+        (&*c)
+            .write_all(&data)
+            .unwrap_or_else(|e| panic!("connection {i}: {e} ({:?})", cli.stats()));
     }
     for (i, c) in conns.iter().enumerate() {
         let mut got = vec![0u8; 333];
-        (&*c).read_exact(&mut got).unwrap();
+        (&*c)
+            .read_exact(&mut got)
+            .unwrap_or_else(|e| panic!("connection {i}: {e} ({:?})", cli.stats()));
         assert!(got == pattern(i as u64, 333));
     }
     // Two memfds per connection, each mapped by its owner and by the peer (the kernel

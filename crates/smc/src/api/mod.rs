@@ -264,8 +264,11 @@ impl SmcHandle {
             self.conn.shm_poll(Instant::now());
             hit = self.conn.wake_seq.load(Ordering::Acquire) != seq;
         }
-        p.spun(hit);
         let st = self.conn.lock();
+        // Re-checked under the lock: the event thread may have taken the CDC and
+        // notified between our last look and the lock (no condvar waiter yet then).
+        hit |= self.conn.wake_seq.load(Ordering::Acquire) != seq;
+        p.spun(hit);
         if hit {
             Ok(st)
         } else {
