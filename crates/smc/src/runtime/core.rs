@@ -240,9 +240,13 @@ impl Core {
                     clc::Role::Client => shm.take().and_then(|(_, s)| s),
                     clc::Role::Server => server_shm.take(),
                 };
-                match setup.ok_or_else(|| io::Error::other("same-host memory vanished")) {
-                    Ok(setup) => Ok(Established::Smc(self.create_shm_conn(inner, &r, setup))),
+                match setup
+                    .ok_or_else(|| io::Error::other("same-host memory vanished"))
+                    .and_then(|s| self.create_shm_conn(inner, &r, s))
+                {
+                    Ok(c) => Ok(Established::Smc(c)),
                     Err(e) => {
+                        warn!(peer = %r.peer, error = %e, "cannot set up the same-host connection");
                         if let Ok(t) = r.tcp.try_clone() {
                             sys::reset_tcp(t);
                         }
@@ -303,7 +307,7 @@ impl Core {
         inner: &Arc<Inner>,
         r: &RdvIo,
         setup: super::shm::ShmSetup,
-    ) -> Arc<ConnShared> {
+    ) -> io::Result<Arc<ConnShared>> {
         let cfg = &inner.cfg;
         let (token, peer_token, peer_len) = (
             setup.local_token,
@@ -311,16 +315,24 @@ impl Core {
             setup.tx.data.len() as u32,
         );
         let (path, rings, rmb) = super::shm::ShmPath::new(setup, cfg.same_host_spin);
-        let params = crate::conn::ConnParams::new(
+        let geo = |len: u32| {
             // No eye catcher: the RMB is ours alone (RFC 7609 §4.2's is optional).
-            crate::conn::RmbeGeometry::linux(rmb.len() as u32).expect("bounded RMB"),
-            crate::conn::RmbeGeometry::linux(peer_len).expect("bounded by map_peer"),
+            crate::conn::RmbeGeometry::linux(len)
+                .map_err(|e| io::Error::new(ErrorKind::InvalidData, e.to_string()))
+        };
+        let params = crate::conn::ConnParams::new(
+            geo(rmb.len() as u32)?,
+            geo(peer_len)?,
             cfg.sndbuf_size.min(u32::MAX as usize) as u32,
             token,
             peer_token,
         );
-        let conn = Conn::new(params, cfg.conn.clone()).expect("valid same-host parameters");
-        let sndbuf = RdmaBuffer::new(cfg.sndbuf_size).expect("send buffer");
+        let conn = Conn::new(params, cfg.conn.clone())
+            .map_err(|e| io::Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+        let sndbuf = RdmaBuffer::new(cfg.sndbuf_size)?;
+        // The idle TCP connection carries the FIN and RST (a failed clone would close
+        // it under the peer, which would take that for our death).
+        let tcp = r.tcp.try_clone()?;
         let shared = Arc::new_cyclic(|me| ConnShared {
             token,
             path: Path::Shm(path),
@@ -330,7 +342,7 @@ impl Core {
             peer: r.peer,
             version: 2,
             first_contact: false,
-            state: Mutex::new(ConnState::new(conn, r.tcp.try_clone().ok(), Some(rings))),
+            state: Mutex::new(ConnState::new(conn, Some(tcp), Some(rings))),
             cond: Condvar::new(),
             bytes_sent: Default::default(),
             bytes_received: Default::default(),
@@ -341,7 +353,7 @@ impl Core {
         // CDCs the peer put in our ring before we got here.
         shared.shm_poll(Instant::now());
         self.host.conns.insert(token, shared.clone());
-        shared
+        Ok(shared)
     }
 
     fn create_conn(
