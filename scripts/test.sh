@@ -22,6 +22,8 @@ cargo build --release -p smc-preload
 cargo test --workspace --release
 echo "== cargo test (smc end to end over SMC-R-over-iWARP, the opt-in extension)"
 SMC_RS_TEST_PROVIDER=iwarp cargo test --release -p smc --test e2e --test close --test leak --test timers
+echo "== cargo test (smc close/abort/urgent scenarios on the same-host path, docs/samehost.md)"
+SMC_RS_TEST_SAME_HOST=1 cargo test --release -p smc --test close
 echo "== cargo test (smc, tokio feature)"
 cargo test --release -p smc --features tokio --test tokio
 echo "== system tests"

@@ -19,6 +19,15 @@ use std::time::{Duration, Instant};
 use common::*;
 use smc::{Mode, SmcListener, SmcStream, Stack, StackConfig};
 
+/// The tests of this file run one at a time: the scribbling test finds its connection's
+/// memory as the mappings that appear while it connects, and the leak test counts this
+/// process's mappings and descriptors.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn full() -> bool {
     std::env::var("SMC_RS_SAMEHOST_FULL").is_ok_and(|v| v == "1")
 }
@@ -68,6 +77,7 @@ fn fds() -> usize {
 
 #[test]
 fn both_on_takes_the_same_host_path_and_one_off_stays_smc_r() {
+    let _serial = serial();
     let (srv, cli) = sh_pair();
     let (c, s) = connect_pair(&srv, &cli);
     assert!(c.mode().is_same_host(), "{}", c.mode());
@@ -112,6 +122,7 @@ fn both_on_takes_the_same_host_path_and_one_off_stays_smc_r() {
 
 #[test]
 fn bulk_both_ways_hash_verified() {
+    let _serial = serial();
     let (srv, cli) = sh_pair();
     let (c, s) = connect_pair(&srv, &cli);
     assert!(c.mode().is_same_host());
@@ -140,6 +151,7 @@ fn bulk_both_ways_hash_verified() {
 
 #[test]
 fn small_messages_ping_pong_and_odd_sizes() {
+    let _serial = serial();
     let (srv, cli) = sh_pair();
     let (c, s) = connect_pair(&srv, &cli);
     let echo = thread::spawn(move || {
@@ -169,6 +181,7 @@ fn small_messages_ping_pong_and_odd_sizes() {
 
 #[test]
 fn many_sequential_and_concurrent_connections_leave_nothing() {
+    let _serial = serial();
     let (srv, cli) = sh_pair();
     let l = listen(&srv);
     let addr = l.local_addr().unwrap();
@@ -235,6 +248,7 @@ fn many_sequential_and_concurrent_connections_leave_nothing() {
 /// protocol) ends only that connection; its other connections and the stack go on.
 #[test]
 fn scribbling_on_the_shared_memory_ends_only_that_connection() {
+    let _serial = serial();
     let (srv, cli) = sh_pair();
     let (a_c, a_s) = connect_pair(&srv, &cli);
     let before: Vec<String> = maps_of_shm();
@@ -303,6 +317,7 @@ fn maps_of_shm() -> Vec<String> {
 /// survivor aborts at once instead of waiting, blocked reader and writer included.
 #[test]
 fn peer_gone_ends_blocked_reader_and_writer() {
+    let _serial = serial();
     let (srv, cli) = sh_pair();
     let (c, s) = connect_pair(&srv, &cli);
     let c = Arc::new(c);
@@ -357,6 +372,7 @@ fn peer_gone_ends_blocked_reader_and_writer() {
 /// RNIC) at the same time, both moving data.
 #[test]
 fn one_stack_with_a_same_host_peer_and_an_smc_r_peer() {
+    let _serial = serial();
     init_tracing();
     let mut a = config(&server_ip(), &client_ip());
     enable_same_host(&mut a);

@@ -137,11 +137,12 @@ impl SmcHandle {
         mut st: MutexGuard<'a, ConnState>,
         wait: Wait,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
-        if let (Some(p), Wait::Until(_)) = (self.conn.shm(), wait) {
+        if let (Some(p), Wait::Until(deadline)) = (self.conn.shm(), wait) {
             st = match self.spin_same_host(p, st) {
                 Ok(st) => return Ok(st),
                 Err(st) => st,
             };
+            return self.sleep_same_host(p, st, deadline);
         }
         let drive = match self.conn.rdma() {
             Some(_) => self.stack.cfg.rnic_drive,
@@ -276,6 +277,73 @@ impl SmcHandle {
         }
     }
 
+    /// Same host, after the spin: sleep on the connection's doorbell itself (the peer
+    /// rings it when no thread of ours spins), so that the peer's CDC wakes this thread
+    /// directly; local events (the event thread's timers and TCP watch, another
+    /// thread's read or close) come through this thread's own eventfd, registered with
+    /// the connection for `ConnShared::on_events` (one per thread: a shared one could be
+    /// drained by a thread it was not meant for). The caller looks again after any
+    /// wake-up.
+    fn sleep_same_host<'a>(
+        &'a self,
+        p: &crate::runtime::shm::ShmPath,
+        mut st: MutexGuard<'a, ConnState>,
+        deadline: Option<Instant>,
+    ) -> io::Result<MutexGuard<'a, ConnState>> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        thread_local! {
+            static SLEEPER: Option<Arc<smc_verbs::EventFd>> =
+                smc_verbs::EventFd::new().ok().map(Arc::new);
+        }
+        let timeout = match deadline {
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
+                }
+                Some(d - now)
+            }
+            None => None,
+        };
+        let Some(me) = SLEEPER.with(|s| s.clone()) else {
+            // No eventfd for this thread (out of descriptors): the condition variable.
+            return Ok(match timeout {
+                Some(t) => self
+                    .conn
+                    .cond
+                    .wait_timeout(st, t)
+                    .map(|x| x.0)
+                    .unwrap_or_else(|p| p.into_inner().0),
+                None => self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
+            });
+        };
+        let seq = self.conn.wake_seq.load(Ordering::Acquire);
+        st.shm_sleepers.push(me.clone());
+        drop(st);
+        // Registered before this last look: a CDC published after it rings the bell,
+        // and an event after it writes `me`.
+        if !p.rx_pending() && self.conn.wake_seq.load(Ordering::Acquire) == seq {
+            let mut fds = [
+                PollFd::new(&p.bell, PollFlags::IN),
+                PollFd::new(&*me, PollFlags::IN),
+            ];
+            let ts = timeout.map(|t| Timespec {
+                tv_sec: t.as_secs() as i64,
+                tv_nsec: i64::from(t.subsec_nanos()),
+            });
+            let _ = poll(&mut fds, ts.as_ref());
+        }
+        p.bell.drain();
+        me.drain();
+        // Whoever drained the bell takes the ring (and wakes the other sleepers).
+        self.conn.shm_poll(Instant::now());
+        let mut st = self.conn.lock();
+        if let Some(i) = st.shm_sleepers.iter().position(|x| Arc::ptr_eq(x, &me)) {
+            st.shm_sleepers.swap_remove(i);
+        }
+        Ok(st)
+    }
+
     fn read_wait(&self, st: &ConnState) -> Wait {
         if st.nonblocking {
             Wait::Never
@@ -397,6 +465,9 @@ impl SmcHandle {
         }
         self.conn.drive(&mut st, now);
         self.conn.cond.notify_all();
+        for w in &st.shm_sleepers {
+            w.wake();
+        }
         Ok(())
     }
 }

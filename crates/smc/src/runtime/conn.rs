@@ -48,6 +48,8 @@ pub(crate) struct ConnState {
     pub drivers: Vec<DriveWaker>,
     /// The same-host path's rings (`None` on SMC-R).
     pub shm: Option<ShmRings>,
+    /// Same host: the eventfds of threads sleeping on the doorbell in a blocking call.
+    pub shm_sleepers: Vec<Arc<smc_verbs::EventFd>>,
 }
 
 /// How a connection's data moves.
@@ -106,6 +108,7 @@ impl ConnState {
             tx_waker: None,
             drivers: Vec::new(),
             shm,
+            shm_sleepers: Vec::new(),
         }
     }
 }
@@ -344,6 +347,9 @@ impl ConnShared {
         ) {
             self.wake_seq.fetch_add(1, Ordering::Release);
             self.cond.notify_all();
+            for w in &st.shm_sleepers {
+                w.wake();
+            }
             for d in &st.drivers {
                 d.wake();
             }

@@ -314,7 +314,7 @@ impl Core {
             setup.peer_token,
             setup.tx.data.len() as u32,
         );
-        let (path, rings, rmb) = super::shm::ShmPath::new(setup, cfg.same_host_spin);
+        let (path, rings, rmb) = super::shm::ShmPath::new(setup, cfg.same_host_spin)?;
         let geo = |len: u32| {
             // No eye catcher: the RMB is ours alone (RFC 7609 §4.2's is optional).
             crate::conn::RmbeGeometry::linux(len)

@@ -366,7 +366,8 @@ pub(crate) struct ShmPath {
     pub rx_ctrl: Arc<RdmaBuffer>,
     /// The peer's RMB, mapped.
     pub tx_data: Arc<RdmaBuffer>,
-    /// Our doorbell: the event thread polls it.
+    /// Our doorbell: the event thread polls it, and so does a thread sleeping in a
+    /// blocking call.
     pub bell: EventFd,
     /// The peer's doorbell.
     pub peer_bell: OwnedFd,
@@ -385,7 +386,10 @@ pub(crate) struct ShmRings {
 }
 
 impl ShmPath {
-    pub(crate) fn new(s: ShmSetup, spin_max: Duration) -> (ShmPath, ShmRings, Arc<RdmaBuffer>) {
+    pub(crate) fn new(
+        s: ShmSetup,
+        spin_max: Duration,
+    ) -> io::Result<(ShmPath, ShmRings, Arc<RdmaBuffer>)> {
         let rings = ShmRings {
             rx: RxRing {
                 ctrl: s.rx.ctrl.clone(),
@@ -406,7 +410,7 @@ impl ShmPath {
             spin_ns: AtomicU64::new(spin_max.as_nanos() as u64),
             spin_max,
         };
-        (p, rings, s.rx.data)
+        Ok((p, rings, s.rx.data))
     }
 
     /// Wakes the peer's event thread.
