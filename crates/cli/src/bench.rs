@@ -221,8 +221,7 @@ fn measure_on<C: Net>(
             r.conns_smc_subsequent = modes
                 .iter()
                 .filter(|m| {
-                    m.kind == ModeKind::SameHost
-                        || (m.is_smc() && m.first_contact == Some(false))
+                    m.kind == ModeKind::SameHost || (m.is_smc() && m.first_contact == Some(false))
                 })
                 .count();
             r.conns_per_sec = Some(per_sec(plan.conns, t));

@@ -163,7 +163,10 @@ fn small_messages_ping_pong_and_odd_sizes() {
             }
         }
     });
-    for (i, len) in [1usize, 7, 8, 9, 1023, 4096, 65_537, 1, 3].iter().enumerate() {
+    for (i, len) in [1usize, 7, 8, 9, 1023, 4096, 65_537, 1, 3]
+        .iter()
+        .enumerate()
+    {
         let data = pattern(i as u64, *len);
         (&c).write_all(&data).unwrap();
         let mut got = vec![0u8; *len];

@@ -610,10 +610,7 @@ impl Client {
             );
         }
         if !env.client_same_host(o.nonce) {
-            return self.reset(
-                ResetReason::LocalFailure(DeclineCode::MEM),
-                env,
-            );
+            return self.reset(ResetReason::LocalFailure(DeclineCode::MEM), env);
         }
         debug!(peer_stack = a.stack_id, "same-host path accepted");
         self.core.finish_smc(Outcome::SameHost(SameHostEstablished {

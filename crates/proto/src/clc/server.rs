@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use smc_wire::clc::{
-    AcceptConfirmRepr, AcceptV2, ClcMessage, ClcType, FirstContactExt, ProposalBody,
-    ProposalRepr, SameHostAcceptRepr, SameHostOffer, V1Area,
+    AcceptConfirmRepr, AcceptV2, ClcMessage, ClcType, FirstContactExt, ProposalBody, ProposalRepr,
+    SameHostAcceptRepr, SameHostOffer, V1Area,
 };
 use smc_wire::common::{Gid, HostName};
 use smc_wire::decline::DeclineCode;
@@ -225,10 +225,11 @@ impl Server {
                 // runtime proved the client is on this host and mapped the memory;
                 // otherwise the offer is ignored, as a Linux server ignores it.
                 if let Some(stack_id) = env.server_same_host(&offer) {
-                    self.core.send(ClcMessage::SameHostAccept(SameHostAcceptRepr {
-                        stack_id,
-                        nonce: offer.nonce,
-                    }));
+                    self.core
+                        .send(ClcMessage::SameHostAccept(SameHostAcceptRepr {
+                            stack_id,
+                            nonce: offer.nonce,
+                        }));
                     self.core.may_decline = false;
                     self.core.finish_smc(Outcome::SameHost(SameHostEstablished {
                         role: Role::Server,

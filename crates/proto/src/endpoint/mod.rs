@@ -48,8 +48,8 @@ use ::core::net::IpAddr;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use smc_wire::common::{BufSize, Gid, Mac, QpMtu};
 use smc_wire::clc::SameHostOffer;
+use smc_wire::common::{BufSize, Gid, Mac, QpMtu};
 
 use crate::clc::{
     self, ClcConfig, ClientRoute, Contact, Eligibility, FallbackReason, LgrId, Rendezvous,

@@ -138,11 +138,17 @@ impl SmcHandle {
         wait: Wait,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
         if let (Some(p), Wait::Until(deadline)) = (self.conn.shm(), wait) {
+            let t0 = Instant::now();
             st = match self.spin_same_host(p, st) {
-                Ok(st) => return Ok(st),
+                Ok(st) => {
+                    p.adapt(t0.elapsed());
+                    return Ok(st);
+                }
                 Err(st) => st,
             };
-            return self.sleep_same_host(p, st, deadline);
+            let r = self.sleep_same_host(p, st, deadline);
+            p.adapt(t0.elapsed());
+            return r;
         }
         let drive = match self.conn.rdma() {
             Some(_) => self.stack.cfg.rnic_drive,
@@ -254,7 +260,7 @@ impl SmcHandle {
             }
             spins += 1;
             // The clock every 64 turns: reading it costs more than a look at the ring.
-            if spins % 64 == 0 && t0.elapsed() >= budget {
+            if spins.is_multiple_of(64) && t0.elapsed() >= budget {
                 break;
             }
             std::hint::spin_loop();
@@ -269,7 +275,6 @@ impl SmcHandle {
         // Re-checked under the lock: the event thread may have taken the CDC and
         // notified between our last look and the lock (no condvar waiter yet then).
         hit |= self.conn.wake_seq.load(Ordering::Acquire) != seq;
-        p.spun(hit);
         if hit {
             Ok(st)
         } else {

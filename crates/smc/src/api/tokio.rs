@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{connect_one, stream_from, Mode, SmcHandle, Wait};
 use crate::clc::FallbackReason;
-use crate::runtime::{LinkGroupId, Stack};
+use crate::runtime::Stack;
 
 enum Inner {
     Smc(Arc<SmcHandle>),

@@ -777,7 +777,12 @@ impl Core {
             rmbs,
             rmb_elements_in_use: in_use,
             smc_connections: self.host.conns.len(),
-            same_host_connections: self.host.conns.values().filter(|c| c.shm().is_some()).count(),
+            same_host_connections: self
+                .host
+                .conns
+                .values()
+                .filter(|c| c.shm().is_some())
+                .count(),
             same_host_total: c.same_host_total,
             handshakes: self.rdvs.len(),
             listeners: self.listeners.len(),

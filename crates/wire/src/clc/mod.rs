@@ -18,11 +18,11 @@ pub mod samehost;
 
 pub use accept::{AcceptConfirmRepr, AcceptV2, FirstContactExt, OtherPathRepr};
 pub use decline::DeclineRepr;
-pub use samehost::{SameHostAcceptRepr, SameHostHello, SameHostOffer};
 pub use proposal::{
     IpArea, Ipv6Prefix, IsmGid, ProposalBody, ProposalRepr, ProposalV2Ext, SmcdArea, SmcdV2Ext,
     V1Area,
 };
+pub use samehost::{SameHostAcceptRepr, SameHostHello, SameHostOffer};
 
 use crate::common::{get_u16, EYECATCHER_SMCD, EYECATCHER_SMCR};
 use crate::error::{check_len, Error, Result};
@@ -98,7 +98,10 @@ impl ClcType {
             // SMC-D v1 (48) .. SMC-R v2 first-contact Confirm with 8 GIDs.
             ClcType::Accept | ClcType::Confirm => (48, accept::MAX_LEN),
             ClcType::Decline => (28, 44),
-            ClcType::SameHostAccept => (samehost::SAME_HOST_ACCEPT_LEN, samehost::SAME_HOST_ACCEPT_LEN),
+            ClcType::SameHostAccept => (
+                samehost::SAME_HOST_ACCEPT_LEN,
+                samehost::SAME_HOST_ACCEPT_LEN,
+            ),
         }
     }
 }

@@ -197,7 +197,10 @@ mod tests {
             ]
         );
         assert_eq!(SameHostAcceptRepr::parse(&b).unwrap(), m);
-        assert_eq!(ClcMessage::parse(&b).unwrap(), ClcMessage::SameHostAccept(m));
+        assert_eq!(
+            ClcMessage::parse(&b).unwrap(),
+            ClcMessage::SameHostAccept(m)
+        );
         let mut bad = b;
         bad[27] = 0;
         assert!(SameHostAcceptRepr::parse(&bad).is_err());
@@ -207,7 +210,11 @@ mod tests {
     #[test]
     fn offer_in_the_smcd_area() {
         let mut a = SmcdArea::default();
-        assert_eq!(SameHostOffer::from_smcd_area(&a), None, "Linux's zeros: no offer");
+        assert_eq!(
+            SameHostOffer::from_smcd_area(&a),
+            None,
+            "Linux's zeros: no offer"
+        );
         let o = SameHostOffer {
             stack_id: 7,
             nonce: u64::MAX,

@@ -78,10 +78,9 @@ pub(crate) struct SameHost {
 impl SameHost {
     pub(crate) fn new(dir: PathBuf, rmb_len: usize) -> SameHost {
         let page = region::CTRL_LEN;
-        let rmb_len = (rmb_len.clamp(region::MIN_RMB as usize, region::MAX_RMB as usize)
-            + page
-            - 1)
-            / page
+        let rmb_len = rmb_len
+            .clamp(region::MIN_RMB as usize, region::MAX_RMB as usize)
+            .div_ceil(page)
             * page;
         SameHost {
             stack_id: rand::random::<u64>() | 1,
@@ -308,7 +307,7 @@ impl SameHost {
 /// A second descriptor of our bell, to send (closed after sending).
 fn bell_owned(bell: &EventFd) -> io::Result<OwnedFd> {
     use std::os::fd::AsFd;
-    Ok(bell.as_fd().try_clone_to_owned()?)
+    bell.as_fd().try_clone_to_owned()
 }
 
 /// Checks and maps what the peer sent.
@@ -423,16 +422,17 @@ impl ShmPath {
         RxRing::pending(&self.rx_ctrl, self.rx_tail_hint.load(Ordering::Acquire))
     }
 
-    /// Adapts the spin budget: a wait the spin satisfied keeps it growing back to the
-    /// maximum, one that had to sleep halves it (down to 1/16): an idle peer costs
-    /// little CPU, a busy one gets answers without a wake-up.
-    pub(crate) fn spun(&self, satisfied: bool) {
+    /// Adapts the spin budget to how long a wait took, spin and sleep together: an
+    /// answer that came within the longest spin means spinning that long would have
+    /// caught it (the budget goes back to the maximum); a longer wait halves it, down to
+    /// a sixteenth, so an idle connection costs little CPU and a busy one gets its
+    /// answers without a wake-up.
+    pub(crate) fn adapt(&self, waited: Duration) {
         let max = self.spin_max.as_nanos() as u64;
-        let cur = self.spin_ns.load(Ordering::Relaxed);
-        let next = if satisfied {
-            (cur * 2).min(max)
+        let next = if waited <= self.spin_max {
+            max
         } else {
-            (cur / 2).max(max / 16)
+            (self.spin_ns.load(Ordering::Relaxed) / 2).max(max / 16)
         };
         self.spin_ns.store(next, Ordering::Relaxed);
     }

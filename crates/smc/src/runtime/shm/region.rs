@@ -80,7 +80,7 @@ impl Region {
     /// page and `rmb_len` bytes (a value the peer told us: bounded first).
     pub(crate) fn map_peer(fd: &OwnedFd, rmb_len: u32) -> io::Result<Region> {
         let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
-        if !(MIN_RMB..=MAX_RMB).contains(&rmb_len) || rmb_len as usize % CTRL_LEN != 0 {
+        if !(MIN_RMB..=MAX_RMB).contains(&rmb_len) || !(rmb_len as usize).is_multiple_of(CTRL_LEN) {
             return Err(bad("peer's RMB size out of range"));
         }
         let seals = rustix::fs::fcntl_get_seals(fd)?;
@@ -108,7 +108,8 @@ impl Region {
 
 fn word(b: &RdmaBuffer, off: usize) -> &AtomicU64 {
     // The control page is CTRL_LEN bytes and every offset used is a constant below it.
-    b.atomic_u64(off).expect("control word inside the control page")
+    b.atomic_u64(off)
+        .expect("control word inside the control page")
 }
 
 /// Our end of the ring we receive on (in our own region).
@@ -242,13 +243,16 @@ mod tests {
 
     #[test]
     fn unsealed_or_short_memfds_are_refused() {
-        let fd = rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .unwrap();
+        let fd =
+            rustix::fs::memfd_create("x", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
         rustix::fs::ftruncate(&fd, (CTRL_LEN + MIN_RMB as usize) as u64).unwrap();
         assert!(Region::map_peer(&fd, MIN_RMB).is_err(), "not sealed");
         rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::SEAL).unwrap();
         assert!(Region::map_peer(&fd, MIN_RMB).is_ok());
-        assert!(Region::map_peer(&fd, MIN_RMB * 2).is_err(), "shorter than claimed");
+        assert!(
+            Region::map_peer(&fd, MIN_RMB * 2).is_err(),
+            "shorter than claimed"
+        );
         assert!(Region::map_peer(&fd, 1000).is_err(), "size out of range");
     }
 }
