@@ -260,8 +260,13 @@ impl SmcHandle {
             }
             spins += 1;
             // The clock every 64 turns: reading it costs more than a look at the ring.
-            if spins.is_multiple_of(64) && t0.elapsed() >= budget {
-                break;
+            // And a yield: with more runnable threads than CPUs the peer may be queued
+            // behind this very spin.
+            if spins.is_multiple_of(64) {
+                if t0.elapsed() >= budget {
+                    break;
+                }
+                std::thread::yield_now();
             }
             std::hint::spin_loop();
         }

@@ -36,6 +36,9 @@ use crate::endpoint::{
 
 /// Longest single `poll()` sleep (guards against a missed wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(500);
+/// Longest sleep while a same-host connection's doorbell is left to an application
+/// thread sleeping on it (see `run`).
+const BELL_RECHECK: Duration = Duration::from_millis(10);
 
 /// Where a finished rendezvous goes.
 enum Origin {
@@ -878,6 +881,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         }
         fds.clear();
         what.clear();
+        let mut bell_skipped = false;
         let timeout = {
             let core = inner.lock_core();
             fds.push(pfd(inner.efd.fd(), libc::POLLIN));
@@ -909,8 +913,16 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 }
                 if let Some(p) = c.shm() {
                     if st.conn.state() != State::Closed {
-                        fds.push(pfd(p.bell.fd(), libc::POLLIN));
-                        what.push(Fd::Bell(*t));
+                        if st.shm_sleepers.is_empty() {
+                            fds.push(pfd(p.bell.fd(), libc::POLLIN));
+                            what.push(Fd::Bell(*t));
+                        } else {
+                            // An application thread sleeps on this bell and takes the
+                            // ring itself: waking this thread too would only compete
+                            // for the CPU. Looked at again within BELL_RECHECK, for a
+                            // CDC that comes after that thread left.
+                            bell_skipped = true;
+                        }
                     }
                 }
             }
@@ -918,7 +930,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
             core.next_deadline()
                 .map(|d| d.saturating_duration_since(now))
                 .unwrap_or(MAX_SLEEP)
-                .min(MAX_SLEEP)
+                .min(if bell_skipped {
+                    BELL_RECHECK
+                } else {
+                    MAX_SLEEP
+                })
         };
         let ms = timeout.as_micros().div_ceil(1000) as i32;
         // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
