@@ -4,6 +4,7 @@
 //! 7609 §4) or, when the rendezvous fell back, the plain TCP connection it started as.
 //! [`SmcStream::mode`] tells which, with the reason in words for a fallback.
 
+mod samehost;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
@@ -229,129 +230,6 @@ impl SmcHandle {
                 Ok(g)
             }
         }
-    }
-
-    /// Same host: before sleeping, spin on the ring for the peer's CDC (adaptive, at most
-    /// `StackConfig::same_host_spin`), telling the peer that we poll so that it does not
-    /// ring our eventfd. `Ok` when something happened for the waiter (`wake_seq` moved).
-    #[allow(clippy::result_large_err)]
-    fn spin_same_host<'a>(
-        &'a self,
-        p: &crate::runtime::shm::ShmPath,
-        st: MutexGuard<'a, ConnState>,
-    ) -> Result<MutexGuard<'a, ConnState>, MutexGuard<'a, ConnState>> {
-        let budget = Duration::from_nanos(p.spin_ns.load(Ordering::Relaxed));
-        if budget.is_zero() {
-            return Err(st);
-        }
-        let seq = self.conn.wake_seq.load(Ordering::Acquire);
-        drop(st);
-        crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, true);
-        let t0 = Instant::now();
-        let mut spins = 0u32;
-        let mut hit = false;
-        loop {
-            if p.rx_pending() {
-                self.conn.shm_poll(Instant::now());
-            }
-            if self.conn.wake_seq.load(Ordering::Acquire) != seq {
-                hit = true;
-                break;
-            }
-            spins += 1;
-            // The clock every 64 turns: reading it costs more than a look at the ring.
-            // And a yield: with more runnable threads than CPUs the peer may be queued
-            // behind this very spin.
-            if spins.is_multiple_of(64) {
-                if t0.elapsed() >= budget {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-            std::hint::spin_loop();
-        }
-        crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, false);
-        // A CDC published while we announced polling did not ring: take it now.
-        if !hit && p.rx_pending() {
-            self.conn.shm_poll(Instant::now());
-            hit = self.conn.wake_seq.load(Ordering::Acquire) != seq;
-        }
-        let st = self.conn.lock();
-        // Re-checked under the lock: the event thread may have taken the CDC and
-        // notified between our last look and the lock (no condvar waiter yet then).
-        hit |= self.conn.wake_seq.load(Ordering::Acquire) != seq;
-        if hit {
-            Ok(st)
-        } else {
-            Err(st)
-        }
-    }
-
-    /// Same host, after the spin: sleep on the connection's doorbell itself (the peer
-    /// rings it when no thread of ours spins), so that the peer's CDC wakes this thread
-    /// directly; local events (the event thread's timers and TCP watch, another
-    /// thread's read or close) come through this thread's own eventfd, registered with
-    /// the connection for `ConnShared::on_events` (one per thread: a shared one could be
-    /// drained by a thread it was not meant for). The caller looks again after any
-    /// wake-up.
-    fn sleep_same_host<'a>(
-        &'a self,
-        p: &crate::runtime::shm::ShmPath,
-        mut st: MutexGuard<'a, ConnState>,
-        deadline: Option<Instant>,
-    ) -> io::Result<MutexGuard<'a, ConnState>> {
-        use rustix::event::{poll, PollFd, PollFlags, Timespec};
-        thread_local! {
-            static SLEEPER: Option<Arc<smc_verbs::EventFd>> =
-                smc_verbs::EventFd::new().ok().map(Arc::new);
-        }
-        let timeout = match deadline {
-            Some(d) => {
-                let now = Instant::now();
-                if now >= d {
-                    return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
-                }
-                Some(d - now)
-            }
-            None => None,
-        };
-        let Some(me) = SLEEPER.with(|s| s.clone()) else {
-            // No eventfd for this thread (out of descriptors): the condition variable.
-            return Ok(match timeout {
-                Some(t) => self
-                    .conn
-                    .cond
-                    .wait_timeout(st, t)
-                    .map(|x| x.0)
-                    .unwrap_or_else(|p| p.into_inner().0),
-                None => self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
-            });
-        };
-        let seq = self.conn.wake_seq.load(Ordering::Acquire);
-        st.shm_sleepers.push(me.clone());
-        drop(st);
-        // Registered before this last look: a CDC published after it rings the bell,
-        // and an event after it writes `me`.
-        if !p.rx_pending() && self.conn.wake_seq.load(Ordering::Acquire) == seq {
-            let mut fds = [
-                PollFd::new(&p.bell, PollFlags::IN),
-                PollFd::new(&*me, PollFlags::IN),
-            ];
-            let ts = timeout.map(|t| Timespec {
-                tv_sec: t.as_secs() as i64,
-                tv_nsec: i64::from(t.subsec_nanos()),
-            });
-            let _ = poll(&mut fds, ts.as_ref());
-        }
-        p.bell.drain();
-        me.drain();
-        // Whoever drained the bell takes the ring (and wakes the other sleepers).
-        self.conn.shm_poll(Instant::now());
-        let mut st = self.conn.lock();
-        if let Some(i) = st.shm_sleepers.iter().position(|x| Arc::ptr_eq(x, &me)) {
-            st.shm_sleepers.swap_remove(i);
-        }
-        Ok(st)
     }
 
     fn read_wait(&self, st: &ConnState) -> Wait {

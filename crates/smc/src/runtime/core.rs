@@ -311,51 +311,8 @@ impl Core {
         r: &RdvIo,
         setup: super::shm::ShmSetup,
     ) -> io::Result<Arc<ConnShared>> {
-        let cfg = &inner.cfg;
-        let (token, peer_token, peer_len) = (
-            setup.local_token,
-            setup.peer_token,
-            setup.tx.data.len() as u32,
-        );
-        let (path, rings, rmb) = super::shm::ShmPath::new(setup, cfg.same_host_spin)?;
-        let geo = |len: u32| {
-            // No eye catcher: the RMB is ours alone (RFC 7609 §4.2's is optional).
-            crate::conn::RmbeGeometry::linux(len)
-                .map_err(|e| io::Error::new(ErrorKind::InvalidData, e.to_string()))
-        };
-        let params = crate::conn::ConnParams::new(
-            geo(rmb.len() as u32)?,
-            geo(peer_len)?,
-            cfg.sndbuf_size.min(u32::MAX as usize) as u32,
-            token,
-            peer_token,
-        );
-        let conn = Conn::new(params, cfg.conn.clone())
-            .map_err(|e| io::Error::new(ErrorKind::InvalidInput, e.to_string()))?;
-        let sndbuf = RdmaBuffer::new(cfg.sndbuf_size)?;
-        // The idle TCP connection carries the FIN and RST (a failed clone would close
-        // it under the peer, which would take that for our death).
-        let tcp = r.tcp.try_clone()?;
-        let shared = Arc::new_cyclic(|me| ConnShared {
-            token,
-            path: Path::Shm(path),
-            rmb,
-            sndbuf,
-            local: r.local,
-            peer: r.peer,
-            version: 2,
-            first_contact: false,
-            state: Mutex::new(ConnState::new(conn, Some(tcp), Some(rings))),
-            cond: Condvar::new(),
-            bytes_sent: Default::default(),
-            bytes_received: Default::default(),
-            wake_seq: Default::default(),
-            stack: Arc::downgrade(inner),
-            self_ref: me.clone(),
-        });
-        // CDCs the peer put in our ring before we got here.
-        shared.shm_poll(Instant::now());
-        self.host.conns.insert(token, shared.clone());
+        let shared = super::shm::new_conn(inner, r.local, r.peer, &r.tcp, setup)?;
+        self.host.conns.insert(shared.token, shared.clone());
         Ok(shared)
     }
 

@@ -438,6 +438,63 @@ impl ShmPath {
     }
 }
 
+/// The connection of a finished same-host rendezvous: the SMC-R connection machine over
+/// this memory (docs/samehost.md "Memory").
+pub(crate) fn new_conn(
+    inner: &Arc<super::Inner>,
+    local: std::net::SocketAddr,
+    peer: std::net::SocketAddr,
+    tcp: &std::net::TcpStream,
+    setup: ShmSetup,
+) -> io::Result<Arc<super::conn::ConnShared>> {
+    use super::conn::{ConnShared, ConnState, Path as ConnPath};
+    let cfg = &inner.cfg;
+    let (token, peer_token, peer_len) = (
+        setup.local_token,
+        setup.peer_token,
+        setup.tx.data.len() as u32,
+    );
+    let (path, rings, rmb) = ShmPath::new(setup, cfg.same_host_spin)?;
+    let geo = |len: u32| {
+        // No eye catcher: the RMB is ours alone (RFC 7609 §4.2's is optional).
+        crate::conn::RmbeGeometry::linux(len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    };
+    let params = crate::conn::ConnParams::new(
+        geo(rmb.len() as u32)?,
+        geo(peer_len)?,
+        cfg.sndbuf_size.min(u32::MAX as usize) as u32,
+        token,
+        peer_token,
+    );
+    let conn = crate::conn::Conn::new(params, cfg.conn.clone())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let sndbuf = RdmaBuffer::new(cfg.sndbuf_size)?;
+    // The idle TCP connection carries the FIN and RST (a failed clone would close it
+    // under the peer, which would take that for our death).
+    let tcp = tcp.try_clone()?;
+    let shared = Arc::new_cyclic(|me| ConnShared {
+        token,
+        path: ConnPath::Shm(path),
+        rmb,
+        sndbuf,
+        local,
+        peer,
+        version: 2,
+        first_contact: false,
+        state: Mutex::new(ConnState::new(conn, Some(tcp), Some(rings))),
+        cond: std::sync::Condvar::new(),
+        bytes_sent: Default::default(),
+        bytes_received: Default::default(),
+        wake_seq: Default::default(),
+        stack: Arc::downgrade(inner),
+        self_ref: me.clone(),
+    });
+    // CDCs the peer put in our ring before we got here.
+    shared.shm_poll(std::time::Instant::now());
+    Ok(shared)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
