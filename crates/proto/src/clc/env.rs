@@ -28,8 +28,8 @@ use smc_wire::clc::Ipv6Prefix;
 use smc_wire::common::{BufSize, Eid, Gid, Mac, PeerId, QpMtu, U24};
 use smc_wire::decline::DeclineCode;
 
-pub use crate::ids::{LgrId, LinkId, RmbId};
 use crate::ids::Version;
+pub use crate::ids::{LgrId, LinkId, RmbId};
 
 /// An existing connection, as the environment names it (RMBE conflict resolution; the
 /// endpoint uses the connection's alert token).

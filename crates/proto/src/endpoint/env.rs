@@ -203,11 +203,8 @@ impl<'a> Env<'a> {
                 vaddr: peer_rmb.vaddr,
             },
         };
-        let devices = vec![llc::Device {
-            id: dev.id,
-            mac: dev.mac,
-            gid: dev.gid,
-        }];
+        // The first link's device, and every device that may carry more links.
+        let devices = self.ep.llc_devices(dev.id);
         let g = self.ep.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
         let lg = LinkGroup::new(g.llc_cfg.clone(), devices, first, self.now).map_err(|e| {
             warn!(error = %e, "cannot start the link group machine");

@@ -189,6 +189,8 @@ impl Core {
                         match action {
                             ConnAction::Kill(reason) => st.conn.kill(reason),
                             ConnAction::TcpReset => st.conn.on_tcp_reset(now),
+                            // Not asked for: `EndpointConfig::failover` is off.
+                            ConnAction::Failover(_) => st.conn.kill(AbortReason::LinkLost),
                         }
                         c.drive(&mut st, now);
                     }

@@ -223,6 +223,9 @@ impl StackConfig {
             lgr_idle_timeout: self.lgr_idle_timeout,
             keepalive: self.keepalive,
             llc_reply_timeout: self.llc_reply_timeout,
+            // The runtime does not move connections between links yet (issue 12): a
+            // lost link ends its connections, as before.
+            failover: false,
         }
     }
 

@@ -279,3 +279,167 @@ fn link_down_mid_transfer() {
     });
     assert_reached("link_down_mid_transfer", reached);
 }
+
+fn world2(seed: u64) -> (World, NodeId, NodeId) {
+    let mut w = World::new(seed);
+    let s = w.add_node_with_devices(config(), ConnConfig::default(), 2);
+    let c = w.add_node_with_devices(config(), ConnConfig::default(), 2);
+    (w, s, c)
+}
+
+/// Active links of a node's only link group.
+fn active_links(w: &World, node: NodeId) -> usize {
+    w.nodes[node]
+        .ep
+        .link_groups()
+        .iter()
+        .map(|g| {
+            g.links
+                .iter()
+                .filter(|l| l.state == llc::LinkState::Active)
+                .count()
+        })
+        .sum()
+}
+
+/// RFC 7609 §4.6: both nodes have two devices, so the link group gets a second link
+/// after first contact; one link fails in the middle of a 2 MB echo. The connection
+/// moves to the surviving link (validation CDC, unconfirmed writes replayed) and the
+/// echo is exact; the link group is down to one link, and the server adds the second
+/// one again after the C.8 retry time.
+#[test]
+fn failover_mid_transfer() {
+    let reached = each_seed("failover_mid_transfer", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let data = payload(seed, 2_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: data.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        assert_eq!(active_links(&w, c), 2, "two links on the client");
+        assert_eq!(active_links(&w, s), 2, "two links on the server");
+        let qpns = w.nodes[c].qpns();
+        assert_eq!(qpns.len(), 2, "two QPs");
+        let pick = w.delay((0, 1)).as_micros() as usize;
+        let at = w.delay((0, 2000));
+        w.fail_link_at(at, c, qpns[pick]);
+        w.run(Duration::from_secs(60));
+        check_clients(&w, c, &[data]);
+        check_clean(&w);
+        for n in [s, c] {
+            assert_eq!(w.nodes[n].ep.counters().links_failed, 1, "node {n}");
+            assert_eq!(active_links(&w, n), 1, "node {n}: one link left");
+        }
+        let moved = w.nodes[c].ep.counters().failovers + w.nodes[s].ep.counters().failovers;
+        // C.8: the server adds the lost link again.
+        w.run_for(Duration::from_secs(90));
+        for n in [s, c] {
+            assert_eq!(active_links(&w, n), 2, "node {n}: the link is back");
+        }
+        moved > 0
+    });
+    assert_reached("failover_mid_transfer", reached);
+}
+
+/// Both links of a two-link group fail one after the other during a 2 MB echo: the
+/// connection moves to the second link, then has nowhere to go and ends with
+/// `ConnectionAborted` (unless it had finished); the link group ends; nothing leaks.
+#[test]
+fn failover_then_last_link_fails() {
+    let reached = each_seed("failover_then_last_link_fails", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let data = payload(seed, 2_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data,
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        let qpns = w.nodes[c].qpns();
+        assert_eq!(qpns.len(), 2, "two links");
+        let a = w.delay((0, 1000));
+        let b = a + w.delay((0, 3000));
+        w.fail_link_at(a, c, qpns[0]);
+        w.fail_link_at(b, c, qpns[1]);
+        w.run(Duration::from_secs(60));
+        let r = w.nodes[c].results();
+        assert!(r[0].error.is_some() || r[0].done, "{:?}", r[0]);
+        if let Some(e) = r[0].error {
+            assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionAborted, "{e:?}");
+        }
+        check_clean(&w);
+        for n in [s, c] {
+            assert_eq!(
+                w.nodes[n].ep.link_groups().len(),
+                0,
+                "node {n}: link group ended"
+            );
+        }
+        r[0].error.is_some() && w.nodes[c].ep.counters().failovers > 0
+    });
+    assert_reached("failover_then_last_link_fails", reached);
+}
+
+/// A link fails while the server is still adding the second one on first contact (ADD
+/// LINK, its continuation or CONFIRM LINK on the new link in flight; RFC 7609 C.7.1):
+/// the connection either completes its echo exactly on the link that is left, or ends
+/// with an error; nothing hangs or leaks.
+#[test]
+fn link_fails_during_add_link() {
+    let reached = each_seed("link_fails_during_add_link", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let data = payload(seed, 300_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: data.clone(),
+                half_close_first: false,
+            },
+        );
+        // Step until the server has created the second link's QP but it is not active.
+        let mut during = false;
+        for i in 1..=400 {
+            w.run(Duration::from_micros(50 * i));
+            if w.nodes[s].qpns().len() == 2 && active_links(&w, s) < 2 {
+                during = true;
+                break;
+            }
+        }
+        let qpns = w.nodes[s].qpns();
+        let pick = w.delay((0, 1)).as_micros() as usize % qpns.len().max(1);
+        if let Some(&q) = qpns.get(pick) {
+            w.fail_link_at(Duration::ZERO, s, q);
+        }
+        w.run(Duration::from_secs(120));
+        let r = w.nodes[c].results();
+        assert!(
+            r[0].error.is_some() || r[0].done || r[0].reset,
+            "{:?}",
+            r[0]
+        );
+        if r[0].done && r[0].error.is_none() && !r[0].reset {
+            let first_diff = r[0].received.iter().zip(&data).position(|(a, b)| a != b);
+            assert!(
+                r[0].received == data,
+                "echo intact ({} of {} bytes, first difference at {first_diff:?})",
+                r[0].received.len(),
+                data.len(),
+            );
+        }
+        check_clean(&w);
+        during
+    });
+    assert_reached("link_fails_during_add_link", reached);
+}
