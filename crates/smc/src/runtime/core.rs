@@ -96,6 +96,21 @@ impl Core {
         r
     }
 
+    /// Opens the devices of `StackConfig::devices` and gives them to the endpoint as link
+    /// devices (every link group may put links on them, RFC 7609 §2.2). An address
+    /// without a device is skipped (logged).
+    pub(crate) fn add_link_devices(&mut self, inner: &Arc<Inner>) {
+        for ip in inner.cfg.devices.clone() {
+            match self.host.device_for(inner, ip) {
+                Some((d, _)) => {
+                    debug!(%ip, device = ?d.id, "link device");
+                    self.ep(inner, |ep, h| ep.add_link_device(Instant::now(), h, d));
+                }
+                None => warn!(%ip, "SMC_RS_DEVICES: no RDMA device for this address; skipped"),
+            }
+        }
+    }
+
     /// The device serving `ip` (opened on first use and described to the endpoint).
     fn device(&mut self, inner: &Inner, ip: std::net::IpAddr) -> Option<DeviceInfo> {
         let (d, new) = self.host.device_for(inner, ip)?;

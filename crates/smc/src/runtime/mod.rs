@@ -79,6 +79,12 @@ pub struct StackConfig {
     /// Client sockets bind to this address before connecting (tests: 127.0.0.1 vs
     /// 127.0.0.2 in one process).
     pub local_addr: Option<IpAddr>,
+    /// Local addresses whose RDMA devices may carry the links of every link group
+    /// (`SMC_RS_DEVICES=IP[,IP...]`): with two here on both sides, link groups get a
+    /// second, symmetric link after first contact (RFC 7609 §2.2, §3.5.1.6). Empty (the
+    /// default): a link group uses the device of its TCP connection's local address only
+    /// (and accepts a peer's asymmetric second link on it).
+    pub devices: Vec<IpAddr>,
     /// Free RMBs (and send buffers) kept per link group for reuse; beyond that an RMB
     /// freed by a connection is deleted (DELETE RKEY) and unregistered.
     pub rmb_cache: usize,
@@ -111,8 +117,22 @@ impl fmt::Debug for StackConfig {
             .field("clc_timeout", &self.clc_timeout)
             .field("keepalive", &self.keepalive)
             .field("local_addr", &self.local_addr)
+            .field("devices", &self.devices)
             .finish()
     }
+}
+
+/// `SMC_RS_DEVICES`: addresses separated by commas (blanks allowed); the first entry
+/// that is not an address is the error.
+fn parse_devices(v: &str) -> Result<Vec<IpAddr>, String> {
+    let mut out = Vec::new();
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let ip: IpAddr = part.parse().map_err(|_| part.to_string())?;
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 /// Default busy-poll time of blocking calls.
@@ -136,6 +156,7 @@ impl StackConfig {
             skip_tcp_option: SkipOptionPolicy::disabled(),
             tcp_option: None,
             local_addr: None,
+            devices: Vec::new(),
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
             rnic_drive: Duration::from_millis(1),
@@ -152,7 +173,8 @@ impl StackConfig {
     /// `SMC_RS_PROVIDER` selects; `smc_bpf::install_default` the eBPF option), UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
-    /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
+    /// address from `SMC_RS_LOCAL_ADDR`, the link devices from `SMC_RS_DEVICES`
+    /// (comma-separated addresses), timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
@@ -209,6 +231,14 @@ impl StackConfig {
             match v.trim().parse::<IpAddr>() {
                 Ok(ip) => c.local_addr = Some(ip),
                 Err(_) => warn!(value = %v, "SMC_RS_LOCAL_ADDR is not an IP address; ignored"),
+            }
+        }
+        if let Ok(v) = std::env::var("SMC_RS_DEVICES") {
+            match parse_devices(&v) {
+                Ok(d) => c.devices = d,
+                Err(bad) => {
+                    warn!(value = %v, bad, "SMC_RS_DEVICES: not an IP address list; ignored")
+                }
             }
         }
         c
@@ -631,6 +661,9 @@ impl Stack {
             counters: Counters::default(),
             cfg: config,
         });
+        if !inner.cfg.devices.is_empty() {
+            inner.lock_core().add_link_devices(&inner);
+        }
         let thread_inner = inner.clone();
         let thread = std::thread::Builder::new()
             .name("smc-event".into())
@@ -687,3 +720,20 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
+
+#[cfg(test)]
+mod tests {
+    use super::parse_devices;
+
+    #[test]
+    fn smc_rs_devices_parses_an_address_list() {
+        let ips = parse_devices(" 10.0.0.1, 10.0.1.1,,fd00::1 ,10.0.0.1").unwrap();
+        let want: Vec<std::net::IpAddr> = ["10.0.0.1", "10.0.1.1", "fd00::1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(ips, want);
+        assert!(parse_devices("").unwrap().is_empty());
+        assert_eq!(parse_devices("10.0.0.1,eth0").unwrap_err(), "eth0");
+    }
+}
