@@ -137,7 +137,7 @@ impl Inspect for StackInspect<'_> {
             o,
             "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
              rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
-             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} \
+             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} failovers={} \
              provider={} devices={}",
             st.link_groups,
             conns.len(),
@@ -157,6 +157,7 @@ impl Inspect for StackInspect<'_> {
             st.rmbs_deleted,
             st.lgrs_ended,
             st.links_failed,
+            st.failovers,
             self.0.config().provider.name(),
             devices_text(&self.0.config().provider.devices()),
         );

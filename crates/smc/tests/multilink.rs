@@ -109,3 +109,127 @@ fn two_devices_on_the_server_only() {
     assert_eq!(links[0].1, links[1].1, "one client device: {links:?}");
     assert_ne!(links[0].2, links[1].2, "two server GIDs: {links:?}");
 }
+
+/// Both stacks with two link devices, and a short C.8 retry so that a lost link comes
+/// back within the test.
+fn two_device_pair_quick_retry() -> (smc::Stack, smc::Stack) {
+    let retry = Duration::from_millis(300);
+    pair_with(
+        |s| {
+            s.devices = vec![server_ip().parse().unwrap(), ip(4).parse().unwrap()];
+            s.add_link_retry = retry;
+        },
+        |c| {
+            c.devices = vec![client_ip().parse().unwrap(), ip(3).parse().unwrap()];
+            c.add_link_retry = retry;
+        },
+    )
+}
+
+/// `total` bytes each way on a new connection; once a quarter of the client's bytes are
+/// out, our QP of the link the connection uses goes to the error state
+/// (`Stack::inject_link_failure`). Both hashes must be intact and the connection still
+/// SMC-R, having moved. Returns the number of the link that was cut.
+fn transfer_with_a_cut(srv: &smc::Stack, cli: &smc::Stack, total: usize, seed: u64) -> u8 {
+    let l = listen(srv);
+    let addr = l.local_addr().unwrap();
+    thread::scope(|sc| {
+        let server = sc.spawn(|| {
+            let (s, _) = l.accept().unwrap();
+            let s2 = s.try_clone().unwrap();
+            let w = thread::spawn(move || {
+                let h = send_stream(&s2, seed + 1, total, 65536);
+                s2.shutdown(std::net::Shutdown::Write).unwrap();
+                h
+            });
+            let (n, h) = recv_stream(&s, usize::MAX);
+            let back = w.join().unwrap();
+            (s, n, h, back)
+        });
+        let c = smc::SmcStream::connect_with(cli, addr).unwrap();
+        assert!(c.mode().is_smc(), "client mode: {}", c.mode());
+        let me = c.local_addr().unwrap();
+        let c2 = c.try_clone().unwrap();
+        let w = thread::spawn(move || {
+            let h = send_stream(&c2, seed, total, 65536);
+            c2.shutdown(std::net::Shutdown::Write).unwrap();
+            h
+        });
+        // Mid-transfer (the server's bytes wait in our RMB meanwhile).
+        let mut cut = None;
+        let ok = wait_until(Duration::from_secs(60), || {
+            cut = cli
+                .connections()
+                .iter()
+                .find(|c| c.local == me && c.bytes_sent > (total / 4) as u64)
+                .and_then(|c| c.link);
+            cut.is_some()
+        });
+        assert!(ok, "the transfer never got going");
+        let num = cut.unwrap();
+        let lgr = cli.link_groups()[0].id;
+        assert!(cli.inject_link_failure(lgr, num), "link {num} exists");
+        let (n, h) = recv_stream(&c, usize::MAX);
+        let sent = w.join().unwrap();
+        let (s, sn, sh, back) = server.join().unwrap();
+        assert_eq!((sn, sh), (total, sent), "server received everything intact");
+        assert_eq!((n, h), (total, back), "client received everything intact");
+        assert!(s.mode().is_smc(), "server mode: {}", s.mode());
+        assert!(c.mode().is_smc(), "client mode: {}", c.mode());
+        // Both ends of this connection left the cut link (each side's connection is on
+        // the link its CLC Accept named; the client cut its own QP, the server learns it
+        // from the DELETE LINK or its own QP's retries).
+        for (name, st, addr) in [("server", srv, s.peer_addr().unwrap()), ("client", cli, me)] {
+            let conns = st.connections();
+            let this = conns.iter().find(|c| c.local == addr || c.peer == addr);
+            assert!(
+                this.is_some_and(|c| c.failovers >= 1
+                    && c.mode.contains("moved")
+                    && c.link != Some(num)),
+                "{name}: the connection moved off link {num}: {conns:?}"
+            );
+        }
+        num
+    })
+}
+
+/// RFC 7609 §4.6 end to end: 64 MiB each way over a two-link group, the connection's link
+/// cut mid-transfer: data intact, still SMC-R, the failover counted on both sides, the
+/// lost link deleted and added again (C.8); then the same with the other link.
+#[test]
+fn failover_mid_transfer_64_mib_each_way() {
+    let (srv, cli) = two_device_pair_quick_retry();
+    // First contact, so that both links exist before the transfer.
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    assert!(echo_once(&cli, addr, 3, 1 << 16).is_smc());
+    let nums = |s: &smc::Stack| -> Vec<u8> { active_links(s).iter().map(|l| l.0).collect() };
+    assert!(
+        wait_until(Duration::from_secs(10), || nums(&srv).len() == 2
+            && nums(&cli).len() == 2),
+        "two links: {:?}",
+        cli.link_groups()
+    );
+    let mut failovers = 0;
+    for round in 0..2u64 {
+        let cut = transfer_with_a_cut(&srv, &cli, 64 << 20, 10 * round);
+        for (name, s) in [("server", &srv), ("client", &cli)] {
+            let st = s.stats();
+            assert!(st.links_failed > round, "{name}: {st:?}");
+            assert!(st.failovers > failovers, "{name}: {st:?}");
+        }
+        failovers = srv.stats().failovers.min(cli.stats().failovers);
+        // The cut link is deleted, and the server adds a new one (another number).
+        assert!(
+            wait_until(Duration::from_secs(20), || {
+                let (a, b) = (nums(&srv), nums(&cli));
+                a.len() == 2 && b.len() == 2 && !a.contains(&cut) && !b.contains(&cut)
+            }),
+            "round {round}: link {cut} replaced: {:?} {:?}",
+            srv.link_groups(),
+            cli.link_groups()
+        );
+        assert_eq!(srv.link_groups().len(), 1, "one link group");
+    }
+}

@@ -109,6 +109,7 @@ impl<'a> Env<'a> {
         });
         cfg.timers.test_link_interval = c.keepalive;
         cfg.timers.reply = c.llc_reply_timeout;
+        cfg.timers.add_link_retry = Some(c.add_link_retry);
         let max_conns = v2.map(|p| usize::from(p.max_conns)).unwrap_or(255).max(1);
         let mut links = BTreeMap::new();
         links.insert(llc::LinkId::FIRST, qp);

@@ -88,6 +88,9 @@ pub struct EndpointConfig {
     pub keepalive: Option<Duration>,
     /// LLC reply timer.
     pub llc_reply_timeout: Duration,
+    /// The server tries again this long after adding a link failed or a link was lost
+    /// (RFC 7609 C.8; 60 s by default), so a path that came back carries a link again.
+    pub add_link_retry: Duration,
     /// The host can move a connection to another link of its link group
     /// ([`ConnAction::Failover`], RFC 7609 §4.6). Without it, the connections on a lost
     /// link end ([`ConnAction::Kill`]) even when another link survives.

@@ -114,13 +114,14 @@ impl SmcHandle {
                 // Receive on this thread for a while (no lock held: the completion
                 // handler runs here and takes the connection's lock).
                 let seq = self.conn.wake_seq.load(Ordering::Acquire);
+                // The link can change under a failover: its device, as of now.
+                let device = st.path.link.device.clone();
                 drop(st);
                 let max = deadline.map_or(drive, |d| {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
                 let conn = &self.conn;
-                conn.link
-                    .device
+                device
                     .0
                     .drive(&|| conn.wake_seq.load(Ordering::Acquire) != seq, max);
                 let st = self.conn.lock();

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use smc_verbs::{AccessFlags, RdmaBuffer};
 use tracing::{debug, trace, warn};
 
-use super::conn::{ConnShared, ConnState};
+use super::conn::{ConnShared, ConnState, Path};
 use super::host::{HostCtx, HostState};
 use super::routes::{client_route, eligibility, server_route};
 use super::{
@@ -31,7 +31,8 @@ use super::{
 use crate::clc::{self, Eligibility};
 use crate::conn::{AbortReason, Conn, State};
 use crate::endpoint::{
-    ConnAction, DeviceInfo, Endpoint, EndpointConfig, NewConn, Output, RendezvousOutcome, TcpId,
+    ConnAction, DeviceInfo, Endpoint, EndpointConfig, FailoverTarget, NewConn, Output,
+    RendezvousOutcome, TcpId,
 };
 
 /// Longest single `poll()` sleep (guards against a missed wake-up).
@@ -198,18 +199,51 @@ impl Core {
                     }
                 }
                 Output::Conn { token, action } => {
-                    if let Some(c) = self.host.conns.get(&token) {
+                    if let Some(c) = self.host.conns.get(&token).cloned() {
                         let now = Instant::now();
+                        if let ConnAction::Failover(t) = action {
+                            self.fail_over(&c, t, now);
+                            continue;
+                        }
                         let mut st = c.lock();
                         match action {
                             ConnAction::Kill(reason) => st.conn.kill(reason),
                             ConnAction::TcpReset => st.conn.on_tcp_reset(now),
-                            // Not asked for: `EndpointConfig::failover` is off.
-                            ConnAction::Failover(_) => st.conn.kill(AbortReason::LinkLost),
+                            ConnAction::Failover(_) => {}
                         }
                         c.drive(&mut st, now);
                     }
                 }
+            }
+        }
+    }
+
+    /// RFC 7609 §4.6: a connection moves to the link the endpoint chose. Its send buffer
+    /// is registered on the new link's PD; without the link or the registration the
+    /// connection ends.
+    fn fail_over(&mut self, c: &Arc<ConnShared>, t: FailoverTarget, now: Instant) {
+        let link = self.host.links.get(&(c.lgr, t.link)).cloned();
+        let mr = link.as_ref().map(|l| {
+            l.pd.reg_mr(&c.sndbuf, AccessFlags::LOCAL_WRITE)
+                .map_err(|e| e.to_string())
+        });
+        let mut st = c.lock();
+        match (link, mr) {
+            (Some(link), Some(Ok(sndbuf_mr))) => {
+                debug!(token = c.token, to = %t.link, "connection fails over");
+                let path = Path {
+                    link,
+                    sndbuf_mr,
+                    peer_base: t.peer_base,
+                    peer_rkey: t.peer_rkey,
+                };
+                c.fail_over(&mut st, path, now);
+            }
+            (_, mr) => {
+                let error = mr.and_then(|r| r.err());
+                warn!(token = c.token, to = %t.link, ?error, "failover impossible: the connection ends");
+                st.conn.kill(AbortReason::LinkLost);
+                c.drive(&mut st, now);
             }
         }
     }
@@ -304,18 +338,21 @@ impl Core {
         let shared = Arc::new_cyclic(|me| ConnShared {
             token: nc.token,
             lgr: nc.lgr,
-            link,
             rmb,
             sndbuf,
-            sndbuf_mr,
-            peer_base: nc.peer_base,
-            peer_rkey: nc.peer_rkey,
             local: r.local,
             peer: r.peer,
             version: nc.version,
             first_contact: nc.contact.is_first(),
             state: Mutex::new(ConnState {
                 conn,
+                path: Path {
+                    link,
+                    sndbuf_mr,
+                    peer_base: nc.peer_base,
+                    peer_rkey: nc.peer_rkey,
+                },
+                failovers: 0,
                 tcp: Some(tcp),
                 tcp_fin_sent: false,
                 tcp_done: false,
@@ -533,10 +570,15 @@ impl Core {
             let Some(c) = self.host.conns.remove(&t) else {
                 continue;
             };
-            drop(c.lock().tcp.take());
-            let pool = self.host.sndbufs.entry((c.lgr, c.link.id)).or_default();
-            if pool.len() < inner.cfg.rmb_cache && !c.link.dead.load(Ordering::SeqCst) {
-                pool.push((c.sndbuf.clone(), c.sndbuf_mr.clone()));
+            let (link, mr) = {
+                let mut st = c.lock();
+                drop(st.tcp.take());
+                (st.path.link.clone(), st.path.sndbuf_mr.clone())
+            };
+            // The send buffer is registered on the PD of the connection's last link.
+            let pool = self.host.sndbufs.entry((c.lgr, link.id)).or_default();
+            if pool.len() < inner.cfg.rmb_cache && !link.dead.load(Ordering::SeqCst) {
+                pool.push((c.sndbuf.clone(), mr));
             }
             debug!(token = t, "connection released");
             self.ep(inner, |ep, h| ep.conn_released(now, h, t));
@@ -553,6 +595,29 @@ impl Core {
             self.ep(inner, |ep, h| ep.terminate_all(now, h));
         }
         any
+    }
+
+    /// See `Stack::inject_link_failure`.
+    pub(crate) fn inject_link_failure(&mut self, lgr: LinkGroupId, num: u8) -> bool {
+        let id = clc::LgrId(lgr.0);
+        let link = self
+            .ep
+            .link_groups()
+            .into_iter()
+            .filter(|g| g.id == id)
+            .flat_map(|g| g.links)
+            .find(|l| l.num == num)
+            .and_then(|l| self.host.links.get(&(id, l.id)).cloned());
+        match link {
+            Some(l) => {
+                warn!(lgr = id.0, num, "injected link failure: QP to ERR");
+                if let Err(e) = l.qp.modify_to_err() {
+                    debug!(error = %e, "QP to ERR failed");
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     pub(crate) fn terminate_all(&mut self, inner: &Arc<Inner>, now: Instant) {
@@ -620,6 +685,12 @@ impl Core {
     }
 
     pub(crate) fn conn_infos(&self) -> Vec<ConnInfo> {
+        let nums: BTreeMap<(clc::LgrId, crate::llc::LinkId), u8> = self
+            .ep
+            .link_groups()
+            .into_iter()
+            .flat_map(|g| g.links.into_iter().map(move |l| ((g.id, l.id), l.num)))
+            .collect();
         let mut v: Vec<ConnInfo> = self
             .host
             .conns
@@ -629,7 +700,12 @@ impl Core {
                 ConnInfo {
                     local: c.local,
                     peer: c.peer,
-                    mode: format!("SMC-Rv{}", c.version),
+                    mode: match st.failovers {
+                        0 => format!("SMC-Rv{}", c.version),
+                        n => format!("SMC-Rv{} (moved to another link {n}x)", c.version),
+                    },
+                    failovers: st.failovers,
+                    link: nums.get(&(c.lgr, st.path.link.id)).copied(),
                     state: st.conn.state().to_string(),
                     lgr: Some(LinkGroupId(c.lgr.0)),
                     bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
@@ -646,6 +722,8 @@ impl Core {
                 lgr: None,
                 bytes_sent: 0,
                 bytes_received: 0,
+                failovers: 0,
+                link: None,
             });
         }
         v
@@ -671,6 +749,7 @@ impl Core {
             rmbs_deleted: c.rmbs_deleted,
             lgrs_ended: c.lgrs_ended,
             links_failed: c.links_failed,
+            failovers: c.failovers,
             llc_received: c.llc_received,
             llc_dropped: c.llc_dropped,
             ..Stats::default()

@@ -275,6 +275,13 @@ impl LinkRes {
         }
     }
 
+    /// Takes `n` send slots even if they are not free (the count goes below zero until
+    /// completions give them back; nobody else reserves meanwhile). For the rare message
+    /// that must not wait: a failover's validation CDC.
+    pub(crate) fn force_reserve(&self, n: i64) {
+        self.send_free.fetch_sub(n, Ordering::SeqCst);
+    }
+
     /// Gives `n` send slots back.
     pub(crate) fn release(&self, n: i64) {
         if n > 0 {
@@ -606,7 +613,7 @@ mod tests {
         let conns = cli.inner.lock_core().conns();
         assert_eq!(conns.len(), 1);
         let conn = conns[0].clone();
-        let link = conn.link.clone();
+        let link = conn.lock().path.link.clone();
         // Every send slot taken (as by work the peer never acknowledges), then data to
         // send: the connection registers as a waiter.
         let mut waiting = false;

@@ -69,6 +69,9 @@ pub struct StackConfig {
     pub keepalive: Option<Duration>,
     /// LLC reply timeout (Linux 2 s).
     pub llc_reply_timeout: Duration,
+    /// A server link group that lost a link (or failed to add one) tries to add it again
+    /// after this long (RFC 7609 C.8; 60 s; `SMC_RS_ADD_LINK_RETRY_MS`).
+    pub add_link_retry: Duration,
     /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
     /// default; `SMC_RS_SKIP_TCP_OPTION`).
     pub skip_tcp_option: SkipOptionPolicy,
@@ -153,6 +156,7 @@ impl StackConfig {
             clc_timeout: Duration::from_secs(6),
             keepalive: Some(Duration::from_secs(30)),
             llc_reply_timeout: Duration::from_secs(2),
+            add_link_retry: Duration::from_secs(60),
             skip_tcp_option: SkipOptionPolicy::disabled(),
             tcp_option: None,
             local_addr: None,
@@ -174,7 +178,7 @@ impl StackConfig {
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
     /// address from `SMC_RS_LOCAL_ADDR`, the link devices from `SMC_RS_DEVICES`
-    /// (comma-separated addresses), timers from `SMC_RS_LGR_IDLE_MS`,
+    /// (comma-separated addresses), `SMC_RS_ADD_LINK_RETRY_MS`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
@@ -223,6 +227,9 @@ impl StackConfig {
         if let Some(d) = millis("SMC_RS_CLOSE_TIMEOUT_MS") {
             c.conn.close_timeout = d;
         }
+        if let Some(d) = millis("SMC_RS_ADD_LINK_RETRY_MS") {
+            c.add_link_retry = d;
+        }
         if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
             // 0 disables TEST LINK keepalive.
             c.keepalive = (!d.is_zero()).then_some(d);
@@ -253,9 +260,9 @@ impl StackConfig {
             lgr_idle_timeout: self.lgr_idle_timeout,
             keepalive: self.keepalive,
             llc_reply_timeout: self.llc_reply_timeout,
-            // The runtime does not move connections between links yet (issue 12): a
-            // lost link ends its connections, as before.
-            failover: false,
+            add_link_retry: self.add_link_retry,
+            // A lost link's connections move to another link (`Core::fail_over`).
+            failover: true,
         }
     }
 
@@ -349,6 +356,10 @@ pub struct ConnInfo {
     pub bytes_sent: u64,
     /// Payload bytes received.
     pub bytes_received: u64,
+    /// Times the connection moved to another link (RFC 7609 §4.6).
+    pub failovers: u32,
+    /// The wire number of the link its data goes on (`None`: rendezvous).
+    pub link: Option<u8>,
 }
 
 /// Counters and gauges of a stack.
@@ -388,6 +399,9 @@ pub struct Stats {
     pub lgrs_ended: u64,
     /// TEST LINK-driven or other link failures.
     pub links_failed: u64,
+    /// Connections moved to another link of their link group because theirs went down
+    /// (RFC 7609 §4.6), ever.
+    pub failovers: u64,
     /// LLC messages received (all link groups, ever; TEST LINK included).
     pub llc_received: u64,
     /// LLC messages sent.
@@ -698,6 +712,14 @@ impl Stack {
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
         s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
         s
+    }
+
+    /// Fault injection (tests, drills): moves our QP of link `num` of link group `lgr` to
+    /// the error state, as a failed path or RNIC port would. Its outstanding work is
+    /// flushed, the link goes down, and its connections move to another link of the
+    /// group (RFC 7609 §4.6) or end when none is left. Returns whether the link exists.
+    pub fn inject_link_failure(&self, lgr: LinkGroupId, num: u8) -> bool {
+        self.inner.lock_core().inject_link_failure(lgr, num)
     }
 
     /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.

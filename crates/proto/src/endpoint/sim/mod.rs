@@ -147,6 +147,7 @@ pub fn config() -> EndpointConfig {
         lgr_idle_timeout: Duration::from_secs(600),
         keepalive: Some(Duration::from_secs(30)),
         llc_reply_timeout: Duration::from_secs(2),
+        add_link_retry: Duration::from_secs(60),
         failover: true,
     }
 }
