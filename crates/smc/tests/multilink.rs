@@ -233,3 +233,93 @@ fn failover_mid_transfer_64_mib_each_way() {
         assert_eq!(srv.link_groups().len(), 1, "one link group");
     }
 }
+
+/// Many connections move at once (issue 12): 100 connections echo 8 MiB each over a
+/// two-link group; once all are connected and data flows, the link most of them use is
+/// cut, and 10 more connections are opened at that moment (their rendezvous run across
+/// the failure). Every echo is intact; the 100 stay SMC-R; the late ones are SMC-R or
+/// fell back to TCP, never broken; the client counts a failover per moved connection.
+#[test]
+fn hundred_connections_fail_over_at_once() {
+    const N: usize = 100;
+    const LEN: usize = 8 << 20;
+    let (srv, cli) = two_device_pair_quick_retry();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    assert!(echo_once(&cli, addr, 3, 1 << 16).is_smc());
+    assert!(
+        wait_until(Duration::from_secs(10), || active_links(&srv).len() == 2
+            && active_links(&cli).len() == 2),
+        "two links: {:?}",
+        cli.link_groups()
+    );
+    let echo = |c: smc::SmcStream, seed: u64| {
+        use std::io::{Read, Write};
+        let data = pattern(seed, LEN);
+        let c2 = c.try_clone().unwrap();
+        let d2 = data.clone();
+        let w = thread::spawn(move || (&c2).write_all(&d2).unwrap());
+        let mut got = vec![0u8; LEN];
+        (&c).read_exact(&mut got).unwrap();
+        w.join().unwrap();
+        assert!(got == data, "echo {seed} intact");
+        c.mode()
+    };
+    thread::scope(|sc| {
+        let conns: Vec<smc::SmcStream> = (0..N)
+            .map(|_| smc::SmcStream::connect_with(&cli, addr).unwrap())
+            .collect();
+        let workers: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| sc.spawn(move || echo(c, 100 + i as u64)))
+            .collect();
+        // Data flows on (nearly) all of them: cut the link most of them use.
+        let mut by_link = std::collections::BTreeMap::<u8, usize>::new();
+        let ok = wait_until(Duration::from_secs(60), || {
+            let infos = cli.connections();
+            let busy = infos.iter().filter(|c| c.bytes_sent > 0).count();
+            by_link.clear();
+            for c in &infos {
+                if let Some(l) = c.link {
+                    *by_link.entry(l).or_default() += 1;
+                }
+            }
+            busy >= N / 2
+        });
+        assert!(ok, "the transfers never got going");
+        let (&num, &on_it) = by_link.iter().max_by_key(|(_, n)| **n).unwrap();
+        let lgr = cli.link_groups()[0].id;
+        assert!(cli.inject_link_failure(lgr, num), "link {num} exists");
+        let late: Vec<_> = (0..10)
+            .map(|i| {
+                let cli = &cli;
+                sc.spawn(move || {
+                    let c = smc::SmcStream::connect_with(cli, addr).unwrap();
+                    echo(c, 1000 + i)
+                })
+            })
+            .collect();
+        for w in workers {
+            let mode = w.join().unwrap();
+            assert!(mode.is_smc(), "{mode}");
+        }
+        for w in late {
+            w.join().unwrap();
+        }
+        // Those still running when the link went down moved (on both sides).
+        for (name, s) in [("server", &srv), ("client", &cli)] {
+            let st = s.stats();
+            assert!(
+                st.failovers >= 1,
+                "{name}: {on_it} connections on link {num}: {st:?}"
+            );
+        }
+        eprintln!(
+            "{on_it} connections on link {num}; failovers: client {}, server {}",
+            cli.stats().failovers,
+            srv.stats().failovers
+        );
+    });
+}
