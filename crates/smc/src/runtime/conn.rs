@@ -37,6 +37,9 @@ pub(crate) struct ConnState {
     pub path: Path,
     /// Times the connection moved to another link.
     pub failovers: u32,
+    /// A failover's validation CDC not posted yet (it waits for a send slot like any
+    /// transmit, and goes before them).
+    pub validation: Option<CdcRepr>,
     /// The TCP connection, idle while SMC-R carries the data (RFC 7609 §4.8: it carries
     /// the final FIN, and its RST aborts). Closed by the event thread only.
     pub tcp: Option<TcpStream>,
@@ -134,10 +137,42 @@ impl ConnShared {
             // machine moves every connection on it to another link (RFC 7609 §4.6) or
             // ends it (§4.8.3), so waiting for slots there would only wait forever.
             let link = &st.path.link;
-            if link.dead.load(Ordering::SeqCst) {
+            if link.dead.load(Ordering::SeqCst) || link.failed.load(Ordering::SeqCst) {
                 return;
             }
-            if !link.try_reserve(TX_SLOTS) {
+            if let Some(v) = st.validation {
+                // RFC 7609 §4.6.1: the validation CDC first on the new link. It consumes
+                // no sequence number, and the machine ignores its completion (no CDC in
+                // flight has its number); its slot comes back with it.
+                if !link.try_reserve_data(1) {
+                    if !st.waiting_slots {
+                        st.waiting_slots = true;
+                        if let Some(me) = self.self_ref.upgrade() {
+                            link.add_waiter(&me);
+                        }
+                    }
+                    if !link.try_reserve_data(1) {
+                        return;
+                    }
+                }
+                let p = &st.path;
+                let res = p.link.post_transmit(
+                    &[],
+                    p.peer_rkey,
+                    &p.sndbuf_mr,
+                    &v.to_bytes(),
+                    wr_cdc(self.token, v.seqno, 1),
+                    1,
+                );
+                if let Err(e) = res {
+                    warn!(token = self.token, error = %e, "failover validation CDC not posted");
+                    st.conn.kill(crate::conn::AbortReason::LinkLost);
+                    return;
+                }
+                st.validation = None;
+                continue;
+            }
+            if !link.try_reserve_data(TX_SLOTS) {
                 if !st.waiting_slots {
                     st.waiting_slots = true;
                     if let Some(me) = self.self_ref.upgrade() {
@@ -146,7 +181,7 @@ impl ConnShared {
                 }
                 // Completions may have come back between the failed reservation and
                 // the registration: look once more.
-                if !link.try_reserve(TX_SLOTS) {
+                if !link.try_reserve_data(TX_SLOTS) {
                     return;
                 }
             }
@@ -275,35 +310,10 @@ impl ConnShared {
     /// unconfirmed writes are replayed (`Conn::prepare_failover`).
     pub(crate) fn fail_over(&self, st: &mut ConnState, path: Path, now: Instant) {
         let old = std::mem::replace(&mut st.path, path);
-        if let Err(e) = old.link.qp.modify_to_err() {
-            debug!(error = %e, "old link's QP to ERR failed");
-        }
+        old.link.fail();
         st.waiting_slots = false;
         st.failovers += 1;
-        let Some(f) = st.conn.prepare_failover() else {
-            self.drive(st, now);
-            return;
-        };
-        let link = st.path.link.clone();
-        // The validation CDC consumes no sequence number, and the machine ignores its
-        // completion (no CDC in flight has its number). It takes one send slot, given
-        // back by its completion; when the new link's slots are all taken by other
-        // connections it goes anyway (the count goes below zero until it completes).
-        if !link.try_reserve(1) {
-            link.force_reserve(1);
-        }
-        let res = link.post_transmit(
-            &[],
-            st.path.peer_rkey,
-            &st.path.sndbuf_mr,
-            &f.to_bytes(),
-            wr_cdc(self.token, f.seqno, 1),
-            1,
-        );
-        if let Err(e) = res {
-            warn!(token = self.token, error = %e, "failover validation CDC not posted");
-            st.conn.kill(crate::conn::AbortReason::LinkLost);
-        }
+        st.validation = st.conn.prepare_failover();
         self.drive(st, now);
     }
 }

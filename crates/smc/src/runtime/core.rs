@@ -353,6 +353,7 @@ impl Core {
                     peer_rkey: nc.peer_rkey,
                 },
                 failovers: 0,
+                validation: None,
                 tcp: Some(tcp),
                 tcp_fin_sent: false,
                 tcp_done: false,
@@ -611,9 +612,7 @@ impl Core {
         match link {
             Some(l) => {
                 warn!(lgr = id.0, num, "injected link failure: QP to ERR");
-                if let Err(e) = l.qp.modify_to_err() {
-                    debug!(error = %e, "QP to ERR failed");
-                }
+                l.fail();
                 true
             }
             None => false,
