@@ -14,6 +14,11 @@ have tcpdump  || need+=(tcpdump)
 have nc       || need+=(netcat-openbsd)
 # tests/system/smc-fallback.sh: a plain HTTP client against `smc listen`.
 have curl     || need+=(curl)
+# tests/system/smc-run.sh: unmodified programs under `smc run`.
+have redis-server    || need+=(redis-server)
+have redis-benchmark || need+=(redis-tools)
+have iperf3   || need+=(iperf3)
+have python3  || need+=(python3)
 # tests/system/roce-netem.sh: loss/duplication with nftables when the kernel has no sch_netem.
 have nft      || need+=(nftables)
 have pkg-config || need+=(pkg-config)

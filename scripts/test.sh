@@ -15,6 +15,10 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p smc --all-targets --features tokio -- -D warnings
 echo "== cargo test"
+# libsmc_preload.so beside target/release/smc, for `smc run`: crates/preload/tests and
+# tests/system/smc-run.sh preload it (the test would build it itself, with this
+# package's own feature set: built here first, that is a no-op).
+cargo build --release -p smc-preload
 cargo test --workspace --release
 echo "== cargo test (smc end to end over SMC-R-over-iWARP, the opt-in extension)"
 SMC_RS_TEST_PROVIDER=iwarp cargo test --release -p smc --test e2e --test close --test leak --test timers

@@ -1,6 +1,6 @@
 //! CLC as a TCP byte stream: arbitrary bytes, split into arbitrary chunks, fed to the CLC
 //! stream reader and to a client or server rendezvous machine (with the fake runtime of
-//! `smc::clc::testing`), interleaved with llc events, CONFIRM RKEY results, TCP closes and
+//! `smc_proto::clc::testing`), interleaved with llc events, CONFIRM RKEY results, TCP closes and
 //! clock jumps.
 //!
 //! Input: `ctl[0..2] | seed[2..10] | stream`. `ctl` picks the role, the configuration and
@@ -18,10 +18,10 @@
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use smc::clc::testing::{
+use smc_proto::clc::testing::{
     cfg, client_route, server_route, ClcReader, FakeEnv, Read, CLIENT_HOST, SERVER_HOST,
 };
-use smc::clc::{
+use smc_proto::clc::{
     AddLinkTimeout, ClcConfig, ConnRef, Eligibility, FirstLinkTimeout, LinkEvent,
     LinkFailure, Outcome, Output, ProposalLayout, Rendezvous, V2Route,
 };

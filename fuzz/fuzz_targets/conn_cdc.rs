@@ -1,4 +1,4 @@
-//! The connection machine (`smc::conn::Conn`) against a hostile peer: arbitrary CDC
+//! The connection machine (`smc_proto::conn::Conn`) against a hostile peer: arbitrary CDC
 //! messages (any seqno, token, cursors and flags, or cursors near the real ones)
 //! interleaved with local writes, reads, urgent data, transmits, send completions and
 //! failures, failover, shutdown, close, abort, TCP resets and timers, on small RMB
@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use smc::conn::{
+use smc_proto::conn::{
     AbortReason, CdcRepr, Conn, ConnConfig, ConnParams, ConnStateFlags, Cursor, ProducerFlags,
     RmbeGeometry, State, UpdatePolicy, UrgentRelease,
 };
@@ -142,7 +142,7 @@ impl Harness {
     }
 
     /// Our CDC went out: check its writes and cursors.
-    fn sent_cdc(&mut self, cdc: &CdcRepr, writes: &[smc::conn::RmbeWrite]) {
+    fn sent_cdc(&mut self, cdc: &CdcRepr, writes: &[smc_proto::conn::RmbeWrite]) {
         assert_eq!(cdc.token, PEER_TOKEN, "our CDCs carry the peer's token");
         if let Some(c) = unwrap(&self.local, self.rx_base, cdc.cons, self.cons_adv_hi) {
             // The consumer cursor we advertise never passes what the peer produced.

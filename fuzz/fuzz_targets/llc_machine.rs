@@ -1,5 +1,5 @@
-//! The link-group machine (`smc::llc::LinkGroup`) fed arbitrary LLC messages: a server
-//! and a client machine run over the fake RoCE fabric of `smc::llc::sim`, and the input
+//! The link-group machine (`smc_proto::llc::LinkGroup`) fed arbitrary LLC messages: a server
+//! and a client machine run over the fake RoCE fabric of `smc_proto::llc::sim`, and the input
 //! injects messages into either side on any link id (0..3 are real or recent links,
 //! others unknown) — raw bytes, or a message one of them really sent XORed with input
 //! bytes — interleaved with time, RMB additions and deletions, link failures, device
@@ -15,8 +15,8 @@
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use smc::llc::sim::{device, Sim, SimConfig, CLIENT, SERVER};
-use smc::llc::{LinkId, LlcConfig, LlcFormat, LlcOut, Role, Version};
+use smc_proto::llc::sim::{device, Sim, SimConfig, CLIENT, SERVER};
+use smc_proto::llc::{LinkId, LlcConfig, LlcFormat, LlcOut, Role, Version};
 use smc_wire::llc::{LlcMessage, LLC_LEN, MAX_V2_LEN};
 
 struct Input<'a> {

@@ -52,6 +52,10 @@ done
 : "${OUT:=/tmp/smc-rs-kpeer/$MODE-$(date +%Y%m%d-%H%M%S)-$$}"
 : "${ACCEL:=auto}" "${KPKG:=}" "${VM_MEM:=512}" "${VM_TIMEOUT:=900}" "${KERNEL_APPEND:=}"
 : "${CAPTURE:=1}" "${SNAPLEN:=0}" "${DECODE:=1}" "${NO_INSTALL:=0}"
+# Our side sends with UDP GSO (softroce's default) and the capture on br0 is still
+# checked packet by packet: the bridge takes its offloads from its ports, the taps have no
+# UDP segmentation offload, so br0 splits each train before tcpdump sees it (and rxe gets
+# the segments). Should a tap ever offer it, run with SMC_RS_SOFTROCE_GSO=0.
 : "${PEER_CMD:=}" "${PEER_TIMEOUT:=600}" "${PEER_GRACE:=5}" "${PEER_MUST_EXIT:=0}"
 : "${PEER_VM:=0}" "${PEER_FILES:=}" "${HOST_CMD:=}"
 : "${PORT:=5000}" "${SCEN:=echo}" "${SIZES:=}" "${CONNS:=}" "${HOLD:=0}" "${IDLE:=0}"

@@ -15,6 +15,9 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 BIN=${BIN:-target/release}
+# Loss, duplication and reordering are applied per packet: without UDP GSO (on by default)
+# the RNIC hands the kernel single RoCEv2 packets, not trains that netfilter would drop whole.
+export SMC_RS_SOFTROCE_GSO=0
 WRITE=${ROCE_NETEM_WRITE:-256M}
 SEND=${ROCE_NETEM_SEND:-64M}
 LIMIT=${ROCE_NETEM_TIMEOUT:-240}

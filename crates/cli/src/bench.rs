@@ -100,6 +100,9 @@ pub struct Report {
     pub targets: Vec<Target>,
     /// The RDMA provider the SMC-R side used (`SMC_RS_PROVIDER`, and what `auto` chose).
     pub provider: String,
+    /// The server ran in another process (`smc bench --connect`): CPU per GiB counts
+    /// this (client) process only.
+    pub remote_server: bool,
 }
 
 /// Measures one transport: starts the harness server on `listener` and drives it with
@@ -117,7 +120,7 @@ where
     C: Net,
 {
     let srv = Server::start(listener)?;
-    let mut r = measure_on(label, &srv, client, plan, &expect);
+    let mut r = measure_on(label, srv.addr(), client, plan, &expect);
     let recs = srv.stop(client);
     for e in recs.iter().filter_map(|x| x.error.as_ref()) {
         r.errors.push(format!("server: {e}"));
@@ -126,14 +129,28 @@ where
     Ok(r)
 }
 
+/// Measures one transport against a measuring server in another process (`smc bench
+/// --listen` there) at `addr`, then stops that server. Only this process's CPU time is
+/// counted.
+pub fn measure_remote<C: Net>(
+    label: &str,
+    addr: std::net::SocketAddr,
+    client: &C,
+    plan: &Plan,
+    expect: ModeKind,
+) -> TransportReport {
+    let r = measure_on(label, addr, client, plan, &expect);
+    harness::stop_remote(client, addr);
+    r
+}
+
 fn measure_on<C: Net>(
     label: &str,
-    srv: &Server,
+    addr: std::net::SocketAddr,
     client: &C,
     plan: &Plan,
     expect: &ModeKind,
 ) -> TransportReport {
-    let addr = srv.addr();
     let mut r = TransportReport {
         transport: label.to_string(),
         mode: String::new(),
@@ -278,6 +295,7 @@ pub fn compare(smc: TransportReport, tcp: TransportReport) -> Report {
         tcp,
         targets,
         provider: String::new(),
+        remote_server: false,
     }
 }
 
@@ -382,7 +400,11 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(
             o,
             "{:<34} {:>14} {:>14}",
-            "  CPU s per GiB (both ends)",
+            if r.remote_server {
+                "  CPU s per GiB (client process)"
+            } else {
+                "  CPU s per GiB (both ends)"
+            },
             opt(r.smc.bulk_cpu_secs_per_gib, |x| format!("{x:.2}")),
             opt(r.tcp.bulk_cpu_secs_per_gib, |x| format!("{x:.2}")),
         );

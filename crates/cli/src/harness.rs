@@ -98,17 +98,30 @@ impl Server {
 
     /// Stops the accept loop (via a `Q` connection over `net`), waits for it and every
     /// connection thread, and returns all records.
-    pub fn stop<N: Net>(mut self, net: &N) -> Vec<ServerRecord> {
-        if let Ok(s) = net.connect(self.addr) {
-            let _ = payload::write_all(&s, b"Q");
-            let _ = s.shutdown(Shutdown::Write);
-            let mut b = [0u8; 1];
-            let _ = payload::read_retry(&s, &mut b);
-        }
+    pub fn stop<N: Net>(self, net: &N) -> Vec<ServerRecord> {
+        stop_remote(net, self.addr);
+        self.wait()
+    }
+
+    /// Waits until a client stops the accept loop (`Q`) and every connection thread is
+    /// done, and returns all records (`smc bench --listen`: serving another process).
+    pub fn wait(mut self) -> Vec<ServerRecord> {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
         self.records()
+    }
+}
+
+/// Sends the stop command (`Q`) to the measuring server at `addr`, in this process or
+/// another, and waits for it to close the connection.
+pub fn stop_remote<N: Net>(net: &N, addr: SocketAddr) {
+    if let Ok(s) = net.connect(addr) {
+        let _ = s.set_read_timeout(Some(STALL));
+        let _ = payload::write_all(&s, b"Q");
+        let _ = s.shutdown(Shutdown::Write);
+        let mut b = [0u8; 1];
+        let _ = payload::read_retry(&s, &mut b);
     }
 }
 

@@ -23,6 +23,7 @@ pub mod net;
 pub mod payload;
 pub mod rdma;
 pub mod roce;
+pub mod run;
 pub mod signal;
 pub mod smc_cmd;
 pub mod ueid;

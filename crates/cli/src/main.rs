@@ -33,6 +33,9 @@ enum Command {
     /// self-test, bulk transfer.
     #[command(subcommand)]
     Rdma(smc_cli::rdma::RdmaCommand),
+    /// Run an unmodified program with its TCP sockets on SMC-R where the peer can
+    /// (LD_PRELOAD of libsmc_preload.so; see the README, "Running unmodified programs").
+    Run(smc_cli::run::Args),
     /// Show or change the user EIDs (UEIDs) that SMC-Rv2 needs (file shared by every stack).
     #[command(subcommand)]
     Ueid(smc_cli::ueid::UeidCommand),
@@ -40,6 +43,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Run(args) = &cli.command {
+        // Nothing of this process's own: the program gets the environment as it is.
+        return smc_cli::run::command(args);
+    }
     // The SMC commands say once that the TCP-option override is in use (demo and bench
     // set it themselves); smc-bpf's warning on every connection would bury their output.
     let default_filter = match cli.command {
@@ -67,6 +74,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
         Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
         Command::Ueid(cmd) => smc_cli::ueid::command(&cmd),
+        Command::Run(args) => smc_cli::run::command(&args),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();
             match smc_bpf::cli::run(cmd) {

@@ -326,6 +326,83 @@ pub struct PairArgs {
     pub stats: bool,
 }
 
+/// `smc bench --listen IP`: one bench run's measuring servers (SMC-R on `port`, TCP on
+/// `port` + 1) on this process's stack, until the client stops them.
+fn bench_listen(args: &BenchArgs, ip: IpAddr) -> Result<()> {
+    let tcp_port = args
+        .port
+        .checked_add(1)
+        .context("--port leaves no room for TCP's port")?;
+    let stack = start(None, args.pair.stats, false)?;
+    let l =
+        SmcListener::bind_with(stack, SocketAddr::new(ip, args.port)).context("SMC-R listener")?;
+    let tl = TcpListener::bind(SocketAddr::new(ip, tcp_port)).context("TCP listener")?;
+    let smc = crate::harness::Server::start(l)?;
+    let tcp = crate::harness::Server::start(tl)?;
+    eprintln!(
+        "smc bench: serving one run: SMC-R on {}, TCP on {}",
+        smc.addr(),
+        tcp.addr()
+    );
+    let mut errors = 0;
+    for (label, recs) in [("SMC-R", smc.wait()), ("TCP", tcp.wait())] {
+        for r in &recs {
+            if let Some(e) = &r.error {
+                errors += 1;
+                eprintln!("smc bench: {label} server: {e}");
+            }
+        }
+        eprintln!("smc bench: {label}: served {} connections", recs.len());
+    }
+    if args.pair.stats {
+        endpoint::print_stats(&StackInspect(stack), "server stack");
+    }
+    terminate(stack, Duration::from_secs(2));
+    if errors > 0 {
+        bail!("{errors} served connection(s) failed");
+    }
+    Ok(())
+}
+
+/// `smc bench --connect IP`: the client side against `smc bench --listen IP`.
+fn bench_connect(args: &BenchArgs, ip: IpAddr, plan: &Plan) -> Result<()> {
+    let tcp_port = args
+        .port
+        .checked_add(1)
+        .context("--port leaves no room for TCP's port")?;
+    let stack = start(None, false, args.json)?;
+    if !args.json {
+        let sel = smc_providers::selection_or_auto();
+        eprintln!(
+            "smc bench: SMC-R and kernel TCP to {ip} (server in another process); provider {}",
+            smc_providers::describe(sel, ip)
+        );
+    }
+    let smc = bench::measure_remote(
+        "SMC-R",
+        SocketAddr::new(ip, args.port),
+        &SmcNet { stack },
+        plan,
+        ModeKind::SmcR,
+    );
+    let tcp = bench::measure_remote(
+        "TCP",
+        SocketAddr::new(ip, tcp_port),
+        &KernelTcp,
+        plan,
+        ModeKind::KernelTcp,
+    );
+    let mut report = bench::compare(smc, tcp);
+    report.provider = smc_providers::describe(smc_providers::selection_or_auto(), ip);
+    report.remote_server = true;
+    let r = finish_bench(args, report, None);
+    if args.pair.stats {
+        endpoint::print_stats(&StackInspect(stack), "client stack");
+    }
+    terminate(stack, Duration::from_secs(2));
+    r
+}
+
 /// Two stacks in this process, client and server, each with its own software RNIC
 /// device (UDP 4791 on its address), with CLC allowed between them by the explicit
 /// policy (no eBPF needed; outside RFC 7609, see README "TCP option").
@@ -451,6 +528,17 @@ pub struct BenchArgs {
     /// Print the report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Two processes, like `iperf3 -s`: serve one bench run on this address (SMC-R on
+    /// `--port`, kernel TCP on `--port` + 1) with this process's stack, then exit.
+    #[arg(long, value_name = "IP", conflicts_with = "connect")]
+    pub listen: Option<IpAddr>,
+    /// Two processes, like `iperf3 -c`: measure against `smc bench --listen IP` running
+    /// elsewhere (another namespace or host), then stop it.
+    #[arg(long, value_name = "IP")]
+    pub connect: Option<IpAddr>,
+    /// The SMC-R port of `--listen`/`--connect` (kernel TCP: the next one).
+    #[arg(long, default_value_t = 5301)]
+    pub port: u16,
     #[command(flatten)]
     pub pair: PairArgs,
 }
@@ -468,6 +556,12 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
         sizes: args.sizes.clone(),
         conns: args.conns,
     };
+    if let Some(ip) = args.listen {
+        return bench_listen(args, ip);
+    }
+    if let Some(ip) = args.connect {
+        return bench_connect(args, ip, &plan);
+    }
     let (server, client) = stack_pair(&args.pair)?;
     if !args.json {
         let sel = smc_providers::selection_or_auto();
@@ -493,6 +587,16 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     let mut report = bench::compare(smc, tcp);
     report.provider =
         smc_providers::describe(smc_providers::selection_or_auto(), args.pair.client_ip);
+    finish_bench(args, report, Some((&server, &client)))
+}
+
+/// Prints the report (and with `--stats` the stacks); fails if a measurement failed or
+/// the SMC-R side fell back to TCP.
+fn finish_bench(
+    args: &BenchArgs,
+    report: bench::Report,
+    stacks: Option<(&Stack, &Stack)>,
+) -> Result<()> {
     if !report.smc.all_expected_mode {
         eprintln!(
             "smc bench: WARNING: SMC-R connections fell back to TCP ({}){}",
@@ -510,9 +614,9 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     } else {
         print!("{}", bench::render(&report));
     }
-    if args.pair.stats {
-        endpoint::print_stats(&StackInspect(&server), "server stack");
-        endpoint::print_stats(&StackInspect(&client), "client stack");
+    if let (true, Some((server, client))) = (args.pair.stats, stacks) {
+        endpoint::print_stats(&StackInspect(server), "server stack");
+        endpoint::print_stats(&StackInspect(client), "client stack");
     }
     // The targets are reported, not asserted; a measurement that failed is an error.
     let failed = report.smc.errors.len() + report.tcp.errors.len();

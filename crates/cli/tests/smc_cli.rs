@@ -237,3 +237,43 @@ fn sink_listener_hashes_what_the_generator_sent() {
         "{ltext} vs {sent}"
     );
 }
+
+/// `smc run`: the program runs with the library appended to LD_PRELOAD (arguments with
+/// hyphens passed through, its exit status kept); a missing library or program is an
+/// error that says what to do.
+#[test]
+fn run_execs_the_program_with_the_library_preloaded() {
+    let dir = std::env::temp_dir().join(format!("smc-cli-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // An empty file: the loader says on stderr that it cannot preload it and goes on,
+    // which is all these programs need (the real library is tested by smc-preload).
+    let lib = dir.join("libsmc_preload.so");
+    std::fs::write(&lib, b"").unwrap();
+    let run = |args: &[&str]| {
+        smc()
+            .env("SMC_RS_PRELOAD", &lib)
+            .env("LD_PRELOAD", "/other/libfoo.so")
+            .arg("run")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["printenv", "LD_PRELOAD"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("/other/libfoo.so:{}", lib.display()),
+        "{out:?}"
+    );
+    let out = run(&["--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    let out = run(&["/nonexistent/program"]);
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    let out = smc()
+        .env("SMC_RS_PRELOAD", dir.join("nope.so"))
+        .args(["run", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such file"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

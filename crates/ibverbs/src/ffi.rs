@@ -20,10 +20,20 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use libloading::Library;
 
-/// `struct ibv_device` (opaque: only passed back to libibverbs).
+/// `struct ibv_device`: the names libibverbs found in sysfs. Only `dev_name` (the
+/// uverbs character device, `uverbs0`) is read, to recognise the device's removal
+/// (see `device::uevent`); the rest is passed back to libibverbs.
 #[repr(C)]
 pub struct ibv_device {
-    _opaque: [u8; 0],
+    _ops: [*mut c_void; 2],
+    pub node_type: c_int,
+    pub transport_type: c_int,
+    /// `IBV_SYSFS_NAME_MAX` = 64
+    pub name: [c_char; 64],
+    pub dev_name: [c_char; 64],
+    /// `IBV_SYSFS_PATH_MAX` = 256
+    pub dev_path: [c_char; 256],
+    pub ibdev_path: [c_char; 256],
 }
 
 pub type PostSendFn =
@@ -614,6 +624,10 @@ pub fn layout_facts() -> Vec<(&'static str, usize)> {
         (
             "offsetof(struct ibv_context, async_fd)",
             offset_of!(ibv_context, async_fd),
+        ),
+        (
+            "offsetof(struct ibv_device, dev_name)",
+            offset_of!(ibv_device, dev_name),
         ),
         ("offsetof(struct ibv_mr, lkey)", offset_of!(ibv_mr, lkey)),
         ("offsetof(struct ibv_mr, rkey)", offset_of!(ibv_mr, rkey)),

@@ -6,10 +6,16 @@
 //! simply finds no device. Discovery follows Linux SMC-R: the device and port whose
 //! RoCEv2 GID is the connection's local address ([`sysfs::place`]); the GID index found
 //! there is the source GID of every QP of that address; the path MTU limit is the port's
-//! active MTU. Memory regions are registered with `ibv_reg_mr` (the I/O virtual address is
-//! the buffer's address, as with the software RNIC), QPs are RC, CQs are armed through one
+//! active MTU. Memory regions are registered at a random I/O virtual address
+//! (`ibv_reg_mr_iova2`, as the software RNIC does; INLINE data is handed to libibverbs at
+//! its process address), QPs are RC, CQs are armed through one
 //! completion channel per device and an event thread that also takes async events (port
-//! down, fatal device error → the device's QPs go to ERR, their SMC-R links fail).
+//! down, fatal device error → the device's QPs go to ERR, their SMC-R links fail) and
+//! notices a device's removal (also from drivers such as rxe that report none, through
+//! the kernel's uevent): a removed device is never handed out again, and the provider
+//! keeps no reference to it, so that its context closes once the stack has dropped its
+//! objects and the kernel can finish unregistering it; a device registered again under
+//! the same name is opened anew.
 //!
 //! Differences from the software RNIC a user of `smc-verbs` can see: receive completions
 //! do not report the solicited-event bit (`ibv_wc` has no such flag), and a batch of send
@@ -34,7 +40,10 @@ pub use sysfs::{DeviceInfo, GidEntry, Placement, PortInfo};
 pub struct IbVerbs {
     ib_root: PathBuf,
     net_root: PathBuf,
-    devices: Mutex<HashMap<IpAddr, Device>>,
+    /// Devices handed out, by address. Weak: the stack's references keep a device open;
+    /// the provider's must not keep a removed one open (the kernel waits for its last
+    /// user to close it).
+    devices: Mutex<HashMap<IpAddr, Weak<dyn smc_verbs::DeviceOps>>>,
     contexts: Mutex<HashMap<String, Weak<device::Ctx>>>,
 }
 
@@ -119,7 +128,9 @@ impl IbVerbs {
     fn context(&self, name: &str) -> Result<Arc<device::Ctx>> {
         let mut m = self.contexts.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = m.get(name).and_then(Weak::upgrade) {
-            return Ok(c);
+            if !c.is_removed() {
+                return Ok(c);
+            }
         }
         let api = api().map_err(|e| VerbsError::DeviceGone(e.to_string()))?;
         let c = device::Ctx::open(api, name)?;
@@ -156,11 +167,12 @@ impl Provider for IbVerbs {
     fn device_for(&self, local: IpAddr) -> Result<Device> {
         let local = v4_unmapped(local);
         let mut m = self.devices.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = m.get(&local) {
-            if d.is_active() {
-                return Ok(d.clone());
+        if let Some(d) = m.get(&local).and_then(Weak::upgrade) {
+            if d.is_active() && !d.is_removed() {
+                return Ok(Device(d));
             }
         }
+        m.retain(|_, d| d.strong_count() > 0);
         let place = self.placement(local).ok_or_else(|| {
             VerbsError::DeviceGone(format!(
                 "no RDMA device has a RoCEv2 GID for {local} on an active port"
@@ -175,7 +187,7 @@ impl Provider for IbVerbs {
             netdev = %ndev, %local, mtu = d.attr().active_mtu.bytes(),
             "ibverbs device opened"
         );
-        m.insert(local, d.clone());
+        m.insert(local, Arc::downgrade(&d.0));
         Ok(d)
     }
 
@@ -184,7 +196,9 @@ impl Provider for IbVerbs {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .cloned()
+            .filter_map(Weak::upgrade)
+            .filter(|d| !d.is_removed())
+            .map(Device)
             .collect()
     }
 }

@@ -76,7 +76,7 @@ impl MrTable {
     ) -> Result<Arc<MrEntry>> {
         self.insert(
             MrEntry {
-                iova: random_iova(offset),
+                iova: smc_verbs::random_iova(offset as u64),
                 buf,
                 base: offset,
                 len,
@@ -118,12 +118,4 @@ impl MrTable {
 /// A random 32-bit value (STag key bytes, first QPN).
 pub(crate) fn random_u32() -> u32 {
     rand::random()
-}
-
-/// A region's I/O virtual address: a random page-aligned base below 2^62 (so `iova +
-/// len` never wraps) plus `offset`'s place in its page. Never the process address: a
-/// peer learns nothing of our address-space layout from an RToken (`PdOps::reg_mr`).
-fn random_iova(offset: usize) -> u64 {
-    let base = rand::random::<u64>() & 0x3fff_ffff_ffff_f000;
-    base + (offset as u64 & 0xfff)
 }

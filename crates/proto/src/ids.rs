@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use smc_wire::common::{Gid, Mac, QpMtu, U24};
+
 /// Which end of the TCP connection that created the link group (RFC 7609 §2.2.3): the
 /// server decides link groups, adds and deletes links.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,3 +63,20 @@ pub struct RmbId(pub u32);
 /// A local RoCE device (RNIC port), as the runtime names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceId(pub u32);
+
+/// The peer's side of a QP pair: what CLC Accept/Confirm and ADD LINK announce, and what
+/// moves our QP to RTR/RTS (RFC 7609 A.2.3, A.3.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerQp {
+    /// Peer RoCE MAC.
+    pub mac: Mac,
+    /// Peer GID.
+    pub gid: Gid,
+    /// Peer QP number.
+    pub qpn: U24,
+    /// The peer's initial send PSN: our expected receive PSN (RTR).
+    pub psn: U24,
+    /// As announced by the peer (CLC), its QP MTU; as handed to the link-group machine and
+    /// the RNIC, the path MTU: the smaller of both sides' (RFC 7609 A.2.3).
+    pub mtu: QpMtu,
+}

@@ -282,3 +282,64 @@ fn listings_and_stats_describe_the_link_group_and_connections() {
         c.mode()
     );
 }
+
+/// Sockets the caller connected and listened on itself (what an interposed
+/// `connect()`/`listen()` hands over): SMC-R on both, and `into_fallback` gives a
+/// fallback's TCP stream back while an SMC-R stream stays whole.
+#[test]
+fn adopted_sockets_reach_smc_r() {
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+
+    let (srv, cli) = pair();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let bind: SocketAddr = format!("{}:0", server_ip()).parse().unwrap();
+    sock.bind(&bind.into()).unwrap();
+    srv.mark_tcp_option(sock.as_fd()).unwrap();
+    sock.listen(16).unwrap();
+    let l = smc::SmcListener::from_listening_with(&srv, TcpListener::from(sock)).unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut b = [0u8; 5];
+        (&s).read_exact(&mut b).unwrap();
+        (&s).write_all(&b).unwrap();
+        let back = s.into_fallback().expect_err("an SMC-R stream stays one");
+        assert!(back.mode().is_smc());
+        drop(back);
+        srv
+    });
+    let csock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let local: SocketAddr = format!("{}:0", client_ip()).parse().unwrap();
+    csock.bind(&local.into()).unwrap();
+    cli.mark_tcp_option(csock.as_fd()).unwrap();
+    csock.connect(&addr.into()).unwrap();
+    let c = smc::SmcStream::from_connected_with(&cli, TcpStream::from(csock)).unwrap();
+    assert!(c.mode().is_smc(), "{}", c.mode());
+    (&c).write_all(b"hello").unwrap();
+    let mut b = [0u8; 5];
+    (&c).read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    let _srv = server.join().unwrap();
+
+    // A plain TCP listener: the client falls back (the peer answers no CLC) and
+    // `into_fallback` hands the TCP stream back, still connected.
+    let plain = TcpListener::bind(format!("{}:0", server_ip())).unwrap();
+    let paddr = plain.local_addr().unwrap();
+    let t = thread::spawn(move || {
+        let (mut s, _) = plain.accept().unwrap();
+        s.write_all(b"tcp!").unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+    });
+    let (plain_cli, _) = pair_with(|_| {}, |c| c.skip_tcp_option = "".parse().unwrap());
+    let tcp = TcpStream::connect(paddr).unwrap();
+    let f = smc::SmcStream::from_connected_with(&plain_cli, tcp).unwrap();
+    let (mut tcp, reason) = f.into_fallback().expect("a fallback");
+    assert!(!reason.to_string().is_empty());
+    let mut b = [0u8; 4];
+    tcp.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"tcp!");
+    drop(tcp);
+    t.join().unwrap();
+}

@@ -13,6 +13,12 @@ pub struct Config {
     pub max_mtu: Option<Mtu>,
     /// Deterministic seeded fault injector on the send path.
     pub faults: Option<FaultConfig>,
+    /// UDP GSO for trains of packets and UDP GRO on receive (IPv4 only,
+    /// where the kernel has them). `None`: [`ENV_GSO`], else on. A capture
+    /// taken before the kernel segments (on lo, on a veth or bridge) then
+    /// shows GSO super-packets; `Some(false)` (`SMC_RS_SOFTROCE_GSO=0`)
+    /// puts every packet in a datagram of its own.
+    pub gso: Option<bool>,
 }
 
 /// Seeded, deterministic fault injection applied to every packet a device
@@ -37,15 +43,15 @@ pub const ENV_FAULTS: &str = "SMC_RS_SOFTROCE_FAULTS";
 pub const ENV_PORT: &str = "SMC_RS_SOFTROCE_PORT";
 /// Environment variable: peer UDP port.
 pub const ENV_PEER_PORT: &str = "SMC_RS_SOFTROCE_PEER_PORT";
-/// Environment variable: `1` sends runs of packets with UDP GSO (fewer
-/// trips through the kernel's IP stack; IPv4 only; a capture then shows
-/// GSO super-packets on loopback/veth).
+/// Environment variable: `0` turns UDP GSO/GRO off (one datagram per
+/// packet, e.g. for a per-packet capture on lo or a veth), `1` on (the
+/// default: fewer trips through the kernel's IP stack; IPv4 only).
 pub const ENV_GSO: &str = "SMC_RS_SOFTROCE_GSO";
 /// Environment variable: path MTU cap in bytes (256..4096).
 pub const ENV_MTU: &str = "SMC_RS_SOFTROCE_MTU";
 
 impl Config {
-    /// Reads `SMC_RS_SOFTROCE_{FAULTS,PORT,PEER_PORT,MTU}`. Malformed values
+    /// Reads `SMC_RS_SOFTROCE_{FAULTS,PORT,PEER_PORT,MTU,GSO}`. Malformed values
     /// are logged and ignored.
     pub fn from_env() -> Config {
         let mut c = Config::default();
@@ -65,6 +71,7 @@ impl Config {
         };
         c.udp_port = port(ENV_PORT);
         c.peer_port = port(ENV_PEER_PORT);
+        c.gso = gso_from_env();
         if let Ok(v) = std::env::var(ENV_MTU) {
             c.max_mtu = v.trim().parse().ok().and_then(Mtu::from_bytes);
             if c.max_mtu.is_none() {
@@ -72,6 +79,20 @@ impl Config {
             }
         }
         c
+    }
+}
+
+/// [`ENV_GSO`]: `Some(false)` for `0`, `Some(true)` for `1`, else `None`
+/// (a malformed value is logged and ignored).
+pub(crate) fn gso_from_env() -> Option<bool> {
+    let v = std::env::var(ENV_GSO).ok()?;
+    match v.trim() {
+        "0" => Some(false),
+        "1" => Some(true),
+        _ => {
+            tracing::warn!(value = %v, "ignoring malformed {ENV_GSO}");
+            None
+        }
     }
 }
 

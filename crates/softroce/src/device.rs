@@ -4,7 +4,7 @@
 //! itself (QPN table, receive path, the thread) sits above, in
 //! [`crate::engine`]; nothing here knows QPs, so the QPs can hold it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -56,8 +56,11 @@ pub(crate) struct DevShared {
     pub(crate) peer_port: u16,
     pub(crate) sock: Socket,
     pub(crate) mrs: MrTable,
-    /// Send runs of equal-sized packets with UDP GSO (IPv4 only).
-    pub(crate) gso: bool,
+    /// Send runs of equal-sized packets with UDP GSO (IPv4 only); turned
+    /// off for good if the kernel refuses a GSO send ([`crate::tx`]).
+    pub(crate) gso_tx: AtomicBool,
+    /// The socket has UDP GRO on: a datagram may hold a train of packets.
+    pub(crate) gro: bool,
     pub(crate) epoch: Instant,
     /// When the engine will next wake by itself (ns since epoch).
     pub(crate) engine_wake_ns: AtomicU64,

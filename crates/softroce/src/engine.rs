@@ -20,16 +20,21 @@ use crate::device::{DevShared, Stats};
 use crate::mr::MrTable;
 use crate::net::{active_mtu_for, derived_mac, netdev_for, udp_socket};
 use crate::qp::QpShared;
-use crate::rx::{enable_gro, icrc_ok, recv_batch, sockaddr_ip, RxBatch};
+use crate::rx::{enable_gro, has_udp_gso, icrc_ok, recv_batch, sockaddr_ip, RxBatch};
 use crate::thread::{become_engine, on_engine_thread};
 use crate::tx::{BATCH, SLOT, TX};
 use crate::wire::PacketRepr;
 
 /// Longest the engine sleeps when nothing is scheduled.
 const IDLE_WAIT: Duration = Duration::from_millis(20);
-/// While a thread blocked in a CQ wait receives for the device (and for
-/// this long after the last one left) the engine leaves the socket to it
-/// and sleeps at most this long between looks at the socket.
+/// While a thread blocked in a wait receives for the device, and for this
+/// long after the last one left with what it waited for, the engine leaves
+/// the socket to the drivers (a driver that got its completion normally
+/// comes back within microseconds: taking the socket back and forth would
+/// cost the engine a wake-up per message). Meanwhile it looks at the
+/// socket at most this long apart. A driver that gives up waiting hands the
+/// socket over at once ([`DriverGuard::hand_off`]), so nobody waiting for
+/// a completion ever depends on this period.
 const DRIVER_LINGER: Duration = Duration::from_millis(1);
 
 static DEV_INDEX: AtomicU32 = AtomicU32::new(0);
@@ -59,7 +64,10 @@ impl Engine {
     /// unregisters it.
     pub(crate) fn enter_driver(self: &Arc<Self>) -> DriverGuard {
         self.drivers.fetch_add(1, Ordering::SeqCst);
-        DriverGuard { eng: self.clone() }
+        DriverGuard {
+            eng: self.clone(),
+            hand_off: false,
+        }
     }
 
     /// Receives and processes everything queued on the socket (non-blocking).
@@ -191,12 +199,17 @@ impl Engine {
             .as_socket()
             .map(|a| a.port())
             .unwrap_or(port);
-        let gso =
-            local.is_ipv4() && std::env::var(crate::config::ENV_GSO).is_ok_and(|v| v.trim() == "1");
-        if gso {
-            // Receive GSO trains whole (no per-segment trip through the stack).
-            enable_gro(&sock);
-        }
+        // UDP GSO/GRO by default (IPv4, where the kernel has them): the
+        // kernel's per-datagram cost bounds throughput. `Config::gso`, else
+        // SMC_RS_SOFTROCE_GSO=0, turns it off (per-packet captures on lo).
+        let want = local.is_ipv4()
+            && config
+                .gso
+                .or_else(crate::config::gso_from_env)
+                .unwrap_or(true);
+        let gso = want && has_udp_gso(&sock);
+        // Receive GSO trains whole (no per-segment trip through the stack).
+        let gro = want && enable_gro(&sock);
         let (netdev, mtu, mac) = match netdev_for(local) {
             Some((n, m, mac)) => (Some(n), m, mac),
             None => (None, 1500, None),
@@ -223,7 +236,7 @@ impl Engine {
             max_inline_data: crate::qp::MAX_INLINE as u32,
             max_qp_rd_atom: crate::qp::MAX_RD_ATOMIC as u8,
         };
-        let rx_slot = if gso { 65_536 } else { SLOT };
+        let rx_slot = if gro { 65_536 } else { SLOT };
         let dev = Arc::new(DevShared {
             attr,
             config: config.clone(),
@@ -231,7 +244,8 @@ impl Engine {
             peer_port,
             sock,
             mrs: MrTable::default(),
-            gso,
+            gso_tx: AtomicBool::new(gso),
+            gro,
             epoch: Instant::now(),
             engine_wake_ns: AtomicU64::new(0),
             wake_fd,
@@ -262,7 +276,7 @@ impl Engine {
                 .name(format!("{}-engine", eng.dev.attr.name))
                 .spawn(move || engine_main(e))?;
         }
-        tracing::info!(name = %eng.dev.attr.name, %local, port, mtu = eng.dev.attr.active_mtu.bytes(), "softroce device open");
+        tracing::info!(name = %eng.dev.attr.name, %local, port, mtu = eng.dev.attr.active_mtu.bytes(), gso, gro, "softroce device open");
         Ok(eng)
     }
 
@@ -282,13 +296,34 @@ struct RxState {
 /// A registered driver (see [`Engine::enter_driver`]).
 pub(crate) struct DriverGuard {
     eng: Arc<Engine>,
+    hand_off: bool,
+}
+
+impl DriverGuard {
+    /// The driver stops without what it waited for and will sleep
+    /// elsewhere: if it is the last one, the engine takes the socket over
+    /// at once instead of after [`DRIVER_LINGER`] (packets arriving in
+    /// between would otherwise wait for the engine's next look, up to the
+    /// linger: the reader's reply among them).
+    pub(crate) fn hand_off(&mut self) {
+        self.hand_off = true;
+    }
 }
 
 impl Drop for DriverGuard {
     fn drop(&mut self) {
         let (eng, dev) = (&self.eng, &self.eng.dev);
+        if self.hand_off {
+            // Not "recent": the engine goes back to the socket (SeqCst with
+            // the count below: the engine reads the count, then this).
+            eng.driver_left_ns.store(0, Ordering::SeqCst);
+            if eng.drivers.fetch_sub(1, Ordering::SeqCst) == 1 {
+                dev.wake();
+            }
+            return;
+        }
         let now = dev.ns_since_epoch(Instant::now()).max(1);
-        eng.driver_left_ns.store(now, Ordering::Release);
+        eng.driver_left_ns.store(now, Ordering::SeqCst);
         if eng.drivers.fetch_sub(1, Ordering::SeqCst) == 1 {
             // The engine may be asleep off the socket for longer than the
             // linger time (it slept while we drove): wake it to take over.
@@ -329,7 +364,7 @@ fn engine_main(eng: Arc<Engine>) {
         let now_ns = dev.ns_since_epoch(Instant::now());
         let linger = DRIVER_LINGER.as_nanos() as u64;
         let drivers = eng.drivers.load(Ordering::SeqCst);
-        let left = eng.driver_left_ns.load(Ordering::Acquire);
+        let left = eng.driver_left_ns.load(Ordering::SeqCst);
         let recent = left != 0 && now_ns.saturating_sub(left) < linger;
         let delegated = drivers > 0 || recent;
         let mut timeout_ns = timeout_ns;
@@ -367,6 +402,14 @@ fn engine_main(eng: Arc<Engine>) {
             continue;
         }
         // Delegated: packets may have arrived while no driver was waiting.
+        // While one is (it may have come while we slept), the socket is
+        // its: a registered driver receives before it looks at its
+        // completion or sleeps, and receiving here would take that
+        // completion from under it (it would then have to be woken for it,
+        // a second wake-up for one message).
+        if eng.drivers.load(Ordering::SeqCst) > 0 {
+            continue;
+        }
         eng.drain_rx();
     }
     eng.running.store(false, Ordering::Release);

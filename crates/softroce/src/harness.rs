@@ -63,6 +63,8 @@ impl Harness {
             peer_port: Some(sink.local_addr()?.port()),
             max_mtu: Some(mtu),
             faults: None,
+            // One datagram per packet: the harness's sink reads them singly.
+            gso: Some(false),
         };
         let (dev, eng) = crate::verbs::open_inner(IpAddr::V4(LOCAL), &cfg, false)
             .map_err(|e| io::Error::other(e.to_string()))?;

@@ -30,7 +30,8 @@
 //! Configuration comes from [`Config`] (or the environment for
 //! [`SoftRoce::global`], see [`config`]): `SMC_RS_SOFTROCE_FAULTS`,
 //! `SMC_RS_SOFTROCE_MTU`, `SMC_RS_SOFTROCE_PORT`, `SMC_RS_SOFTROCE_PEER_PORT`,
-//! and `SMC_RS_SOFTROCE_GSO=1` (UDP GSO/GRO for trains of packets, IPv4).
+//! and `SMC_RS_SOFTROCE_GSO=0` (UDP GSO/GRO for trains of packets, IPv4, on
+//! by default where the kernel has them; 0 turns them off).
 //!
 //! Limits: RC only (no UD, SRQ, memory windows, SEND with invalidate, APM);
 //! at most 8 SGEs and 256 bytes of inline data per work request; messages

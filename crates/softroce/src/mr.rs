@@ -177,7 +177,7 @@ impl MrTable {
     ) -> Result<Arc<MrEntry>> {
         self.insert(
             MrEntry {
-                iova: random_iova(offset),
+                iova: smc_verbs::random_iova(offset as u64),
                 buf,
                 base: offset,
                 len,
@@ -220,13 +220,6 @@ impl MrTable {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
     }
-}
-
-/// A region's I/O virtual address: a random page-aligned base below 2^62
-/// (so `iova + len` never wraps) plus `offset`'s place in its page.
-fn random_iova(offset: usize) -> u64 {
-    let base = ((random_u32() as u64) << 32 | random_u32() as u64) & 0x3fff_ffff_ffff_f000;
-    base | (offset as u64 & 0xfff)
 }
 
 /// A random 32-bit value (key bytes, I/O virtual addresses, first QPN):

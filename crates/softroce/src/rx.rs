@@ -19,20 +19,32 @@ const UDP_GRO: i32 = 104;
 
 /// Has the kernel hand over GSO trains whole, with a UDP_GRO control
 /// message giving the segment size (no per-segment trip through the
-/// stack). Best effort: without it the packets arrive one by one.
-pub(crate) fn enable_gro(sock: &socket2::Socket) {
-    let on: libc::c_int = 1;
+/// stack). Best effort: false (a kernel without UDP GRO, before 5.0) and
+/// the packets arrive one by one.
+pub(crate) fn enable_gro(sock: &socket2::Socket) -> bool {
+    set_udp_opt(sock, UDP_GRO, 1)
+}
+
+/// Whether the kernel takes UDP_SEGMENT (UDP GSO, Linux 4.18): setting the
+/// socket's default segment size to 0 (no GSO unless a message asks for it,
+/// as we do per message) fails with ENOPROTOOPT where it is unknown.
+pub(crate) fn has_udp_gso(sock: &socket2::Socket) -> bool {
+    set_udp_opt(sock, crate::tx::UDP_SEGMENT, 0)
+}
+
+fn set_udp_opt(sock: &socket2::Socket, opt: i32, val: libc::c_int) -> bool {
     // SAFETY: setsockopt reads an int of the size passed from a live local;
     // `sock` is an open socket.
-    unsafe {
+    let r = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
             SOL_UDP,
-            UDP_GRO,
-            (&on as *const libc::c_int).cast(),
+            opt,
+            (&val as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
+    r == 0
 }
 
 /// Receive buffers of one batch (allocated once per device).
@@ -108,7 +120,7 @@ pub(crate) fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
         h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
         h.msg_hdr.msg_iov = io;
         h.msg_hdr.msg_iovlen = 1;
-        if dev.gso {
+        if dev.gro {
             h.msg_hdr.msg_control = rx.ctrl[i].as_mut_ptr() as *mut libc::c_void;
             h.msg_hdr.msg_controllen = std::mem::size_of::<[u64; 4]>();
         }
@@ -137,7 +149,7 @@ pub(crate) fn recv_batch(dev: &DevShared, rx: &mut RxBatch) -> RecvResult {
             } else {
                 h.msg_len as usize
             };
-            if dev.gso && h.msg_hdr.msg_controllen > 0 {
+            if dev.gro && h.msg_hdr.msg_controllen > 0 {
                 // SAFETY: walking the control buffer the kernel filled,
                 // with the libc macros, within msg_controllen; the i32 is
                 // read only from a message long enough to hold it.

@@ -150,6 +150,7 @@ impl TxBatch {
     /// Sends everything queued.
     pub(crate) fn flush(&mut self, dev: &DevShared) {
         let mut start = 0;
+        let mut gso = dev.gso_tx.load(Ordering::Relaxed);
         while start < self.n {
             let mut iov: [libc::iovec; BATCH] = [libc::iovec {
                 iov_base: std::ptr::null_mut(),
@@ -173,7 +174,7 @@ impl TxBatch {
                 };
                 let seg = self.lens[i];
                 let mut j = i + 1;
-                if dev.gso {
+                if gso {
                     while j < self.n
                         && j - i < GSO_MAX_SEGS
                         && self.fds[j] == fd
@@ -236,7 +237,25 @@ impl TxBatch {
             let r = unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), m as u32, 0) };
             let sent = if r <= 0 {
                 let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
+                // Only a first message that carried UDP_SEGMENT (then `gso`
+                // is still on: a second refusal takes the ordinary path).
+                let gso_refused = gso
+                    && hdrs[0].msg_hdr.msg_controllen > 0
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    );
+                if gso_refused {
+                    // The first message was a GSO train and the kernel refused
+                    // it (e.g. EIO: no checksum offload on the route's device).
+                    // Off for good on this device; the train goes again as
+                    // single packets on the next pass.
+                    if dev.gso_tx.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, dev = %dev.attr.name, "UDP GSO refused; sending packet by packet");
+                    }
+                    gso = false;
+                    0
+                } else if e.kind() != std::io::ErrorKind::Interrupted {
                     // UDP: the message is lost; RC retransmission recovers.
                     dev.stats.tx_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::trace!(error = %e, "sendmmsg failed");
@@ -273,7 +292,7 @@ impl TxBatch {
 /// IPPROTO_UDP as a socket option level.
 pub(crate) const SOL_UDP: i32 = 17;
 /// UDP GSO control message type (linux/udp.h).
-const UDP_SEGMENT: i32 = 103;
+pub(crate) const UDP_SEGMENT: i32 = 103;
 /// Linux UDP_MAX_SEGMENTS is 64 (128 on newer kernels); 15 segments of
 /// 4112 bytes stay below the 64 KiB datagram limit.
 const GSO_MAX_SEGS: usize = 64;

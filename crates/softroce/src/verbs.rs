@@ -12,11 +12,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
-use smc_verbs::event::{poll_timeout, wait_readable};
+use smc_verbs::event::poll_timeout;
 use smc_verbs::{
-    wait_on_event_fd, AccessFlags, CompletionHandler, CqOps, DeviceAttr, DeviceOps, InitAttr,
-    MrOps, PdOps, QpCap, QpInitAttr, QpOps, QpState, RdmaBuffer, RecvWr, Result, RtrAttr, RtsAttr,
-    SendWr, VerbsError, WorkCompletion,
+    wait_on_event_fd, AccessFlags, CompletionHandler, CqOps, DeviceAttr, DeviceOps, DriveWaker,
+    InitAttr, MrOps, PdOps, QpCap, QpInitAttr, QpOps, QpState, RdmaBuffer, RecvWr, Result, RtrAttr,
+    RtsAttr, SendWr, VerbsError, WorkCompletion,
 };
 
 use crate::config::Config;
@@ -93,14 +93,14 @@ impl DeviceOps for SoftDevice {
             dev: self.handle.clone(),
         }))
     }
-    fn drive(&self, done: &dyn Fn() -> bool, max: Duration) -> bool {
+    fn drive(&self, done: &dyn Fn() -> bool, waker: Option<&DriveWaker>, max: Duration) -> bool {
         let eng = &self.handle.eng;
         if runs_handlers() {
             // The engine (or a nested drive from a handler) must not wait here.
             return done();
         }
         let deadline = Instant::now() + max;
-        let _driver = eng.enter_driver();
+        let mut driver = eng.enter_driver();
         set_driving(true);
         let r = loop {
             eng.drain_rx();
@@ -111,9 +111,33 @@ impl DeviceOps for SoftDevice {
             if now >= deadline {
                 break false;
             }
-            let _ = wait_readable(eng.dev.sock.as_fd(), Some(deadline - now));
+            // The socket, and the waker: the completion we wait for may be
+            // received by another thread (the engine's look at the socket
+            // after a driver left, another driver), which leaves no packet
+            // for us to wake on; the consumer's handler then wakes us.
+            let mut pfd = [
+                PollFd::new(&eng.dev.sock, PollFlags::IN),
+                PollFd::from_borrowed_fd(
+                    waker.map_or(eng.dev.sock.as_fd(), |w| w.fd()),
+                    PollFlags::IN,
+                ),
+            ];
+            let n = if waker.is_some() { 2 } else { 1 };
+            let _ = rustix::event::poll(&mut pfd[..n], poll_timeout(Some(deadline - now)).as_ref());
+            if n == 2 && !pfd[1].revents().is_empty() {
+                // Cleared before done() is looked at again: a wake-up after
+                // this makes the next poll return at once.
+                if let Some(w) = waker {
+                    w.clear();
+                }
+            }
         };
         set_driving(false);
+        if !r {
+            // The caller goes to sleep elsewhere: the engine takes the
+            // socket over now, not after its linger.
+            driver.hand_off();
+        }
         r
     }
     fn create_cq(&self, cqe: u32) -> Result<Arc<dyn CqOps>> {
@@ -305,7 +329,7 @@ impl CqOps for SoftCq {
         }
         let eng = &self.dev.eng;
         let deadline = timeout.map(|t| Instant::now() + t);
-        let _driver = eng.enter_driver();
+        let mut driver = eng.enter_driver();
         loop {
             if self.pending() > 0 {
                 return Ok(true);
@@ -323,6 +347,7 @@ impl CqOps for SoftCq {
                     let now = Instant::now();
                     if now >= d {
                         self.shared.disarm();
+                        driver.hand_off();
                         return Ok(false);
                     }
                     Some(d - now)

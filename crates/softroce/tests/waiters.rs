@@ -1,6 +1,7 @@
 //! Threads blocked in `Cq::wait` receive for their device themselves while
 //! the engine stays off the socket: the hand-over in both directions, several
-//! waiters at once, and handlers of other CQs still running.
+//! waiters at once, handlers of other CQs still running, and a driving
+//! thread woken through its `DriveWaker`.
 
 mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -146,4 +147,41 @@ fn handler_of_another_cq_runs_while_a_thread_waits() {
     assert!(!waiter.join().unwrap(), "send CQ got a completion");
     let wc = poll_only(&b.rcq, T);
     assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+}
+
+/// A thread inside `DeviceOps::drive` whose `done()` turns true on another
+/// thread (which received its completion, or any other event) returns when
+/// that thread wakes its `DriveWaker`, not when its `max` runs out: nothing
+/// arrives on the socket to wake it.
+#[test]
+fn drive_returns_when_its_waker_is_woken() {
+    let o = Opts::default();
+    let (a, _b) = pair(39, &Config::default(), &o);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waker = DriveWaker::current().expect("eventfd");
+    let (d2, w2) = (done.clone(), waker.clone());
+    let t = std::thread::spawn(move || {
+        // Let the driver reach its sleep (if it is not there yet, the wake-up
+        // still ends the sleep it is about to start).
+        std::thread::sleep(Duration::from_millis(50));
+        d2.store(true, Ordering::SeqCst);
+        w2.wake();
+    });
+    let max = Duration::from_secs(120);
+    let t0 = Instant::now();
+    let r = a
+        .dev
+        .0
+        .drive(&|| done.load(Ordering::SeqCst), Some(&waker), max);
+    let took = t0.elapsed();
+    t.join().unwrap();
+    assert!(r);
+    // Not a speed check: without the wake-up the call lasts `max`.
+    assert!(took < max, "drive slept through its waker ({took:?})");
+    // A stale wake-up is harmless: the next drive only looks once more.
+    waker.wake();
+    assert!(!a
+        .dev
+        .0
+        .drive(&|| false, Some(&waker), Duration::from_millis(20)));
 }

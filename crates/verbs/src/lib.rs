@@ -34,8 +34,8 @@ pub mod wc;
 pub mod wr;
 
 pub use error::{Result, VerbsError};
-pub use event::EventFd;
-pub use mem::RdmaBuffer;
+pub use event::{DriveWaker, EventFd};
+pub use mem::{random_iova, RdmaBuffer};
 pub use provider::wait_on_event_fd;
 pub use provider::{
     CompletionHandler, Cq, CqOps, Device, DeviceAttr, DeviceOps, Mr, MrOps, Pd, PdOps, Provider,

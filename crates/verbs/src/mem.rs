@@ -266,6 +266,14 @@ impl std::fmt::Debug for RdmaBuffer {
     }
 }
 
+/// A random I/O virtual address for a memory region whose first byte has the page offset
+/// of `addr` (the verbs rule of `PdOps::reg_mr`: an RToken must not reveal the process's
+/// address-space layout). Page-aligned random base below 2^62, so that `iova + len` never
+/// wraps; the low 12 bits kept, as hardware keeps them between address and iova.
+pub fn random_iova(addr: u64) -> u64 {
+    (rand::random::<u64>() & 0x3fff_ffff_ffff_f000) | (addr & 0xfff)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -81,6 +81,12 @@ pub trait DeviceOps: Send + Sync {
     fn attr(&self) -> &DeviceAttr;
     /// True while the port is up and the progress engine runs.
     fn is_active(&self) -> bool;
+    /// True once the device was removed (unplugged, unregistered, fatal error): unlike
+    /// a port that is down it never becomes active again, and its user should drop it
+    /// and ask the provider anew (a device registered again is a new `Device`).
+    fn is_removed(&self) -> bool {
+        false
+    }
     /// Allocates a protection domain.
     fn alloc_pd(&self) -> Result<Arc<dyn PdOps>>;
     /// Creates a completion queue with room for `cqe` completions.
@@ -91,8 +97,20 @@ pub trait DeviceOps: Send + Sync {
     /// the completions it produces on this thread, sparing a thread
     /// wake-up. Returns `done()`; the default does nothing (returns at
     /// once). The caller must hold no lock a handler may take.
-    fn drive(&self, done: &dyn Fn() -> bool, max: Duration) -> bool {
-        let _ = max;
+    ///
+    /// `waker` is the calling thread's [`crate::DriveWaker`] (see there):
+    /// the consumer wakes it whenever `done()` may have turned true on
+    /// another thread, and the provider returns then instead of sleeping
+    /// until a packet or `max` (a completion another thread received has
+    /// no packet left for this one to wake on). Without it the provider
+    /// notices such a completion only at `max`.
+    fn drive(
+        &self,
+        done: &dyn Fn() -> bool,
+        waker: Option<&crate::DriveWaker>,
+        max: Duration,
+    ) -> bool {
+        let _ = (max, waker);
         done()
     }
     /// For downcasting in providers.
@@ -123,6 +141,10 @@ impl Device {
     /// True while usable.
     pub fn is_active(&self) -> bool {
         self.0.is_active()
+    }
+    /// True once the device was removed for good (see [`DeviceOps::is_removed`]).
+    pub fn is_removed(&self) -> bool {
+        self.0.is_removed()
     }
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<Pd> {

@@ -12,6 +12,9 @@
  *
  * Commands (arguments are key=value words):
  *   kpeer rxe-add name=rxe0 netdev=eth0 [type=rxe|siw]  create a soft-RoCE (or siw) device
+ *   kpeer rxe-del name=rxe0                 delete it again (`rdma link delete`); the
+ *                                           kernel returns only when no process has the
+ *                                           device open any more
  *   kpeer ueid-add ueid=NAME                add a User EID (SMC-Rv2 needs one)
  *   kpeer ueid-list
  *   kpeer diag                              one line per AF_SMC socket
@@ -363,6 +366,65 @@ static int cmd_rxe_add(int argc, char **argv)
 	close(fd);
 	if (rc < 0) {
 		fprintf(stderr, "kpeer: rxe-add %s (%s) on %s: %s\n", name, type, ndev, strerror(-rc));
+		return 1;
+	}
+	return 0;
+}
+
+struct dev_lookup {
+	const char *name;
+	int index;
+};
+
+static void dev_index_cb(struct nlmsghdr *h, void *ctx)
+{
+	struct dev_lookup *l = ctx;
+	int len = h->nlmsg_len - NLMSG_LENGTH(0), index = -1, match = 0;
+
+	for_each_attr(a, NLMSG_DATA(h), len) {
+		int t = a->nla_type & NLA_TYPE_MASK;
+
+		if (t == RDMA_NLDEV_ATTR_DEV_INDEX && ATTR_LEN(a) >= 4)
+			index = *(uint32_t *)ATTR_DATA(a);
+		if (t == RDMA_NLDEV_ATTR_DEV_NAME && ATTR_LEN(a) > 0 &&
+		    !strncmp(ATTR_DATA(a), l->name, ATTR_LEN(a)) && strlen(l->name) < (size_t)ATTR_LEN(a))
+			match = 1;
+	}
+	if (match)
+		l->index = index;
+}
+
+static int cmd_rxe_del(int argc, char **argv)
+{
+	struct dev_lookup l = { .name = arg(argc, argv, "name", "rxe0"), .index = -1 };
+	struct nlbuf r;
+	uint32_t index;
+	int fd = nl_open(NETLINK_RDMA), rc;
+
+	if (fd < 0)
+		return 1;
+	memset(&r, 0, sizeof(r));
+	r.nlh.nlmsg_len = NLMSG_LENGTH(0);
+	r.nlh.nlmsg_type = RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, RDMA_NLDEV_CMD_GET);
+	r.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+	r.nlh.nlmsg_seq = 4;
+	rc = nl_talk(fd, &r.nlh, dev_index_cb, &l);
+	if (rc < 0 || l.index < 0) {
+		fprintf(stderr, "kpeer: rxe-del: no RDMA device %s (%s)\n", l.name, rc < 0 ? strerror(-rc) : "not listed");
+		close(fd);
+		return 1;
+	}
+	memset(&r, 0, sizeof(r));
+	r.nlh.nlmsg_len = NLMSG_LENGTH(0);
+	r.nlh.nlmsg_type = RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, RDMA_NLDEV_CMD_DELLINK);
+	r.nlh.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK;
+	r.nlh.nlmsg_seq = 5;
+	index = l.index;
+	nl_put(&r.nlh, RDMA_NLDEV_ATTR_DEV_INDEX, &index, sizeof(index));
+	rc = nl_talk(fd, &r.nlh, NULL, NULL);
+	close(fd);
+	if (rc < 0) {
+		fprintf(stderr, "kpeer: rxe-del %s (index %u): %s\n", l.name, index, strerror(-rc));
 		return 1;
 	}
 	return 0;
@@ -1757,6 +1819,8 @@ int main(int argc, char **argv)
 		argc = 0;
 	if (!strcmp(cmd, "rxe-add"))
 		return cmd_rxe_add(argc, argv);
+	if (!strcmp(cmd, "rxe-del"))
+		return cmd_rxe_del(argc, argv);
 	if (!strcmp(cmd, "ueid-add"))
 		return cmd_ueid_add(argc, argv);
 	if (!strcmp(cmd, "ueid-list"))
@@ -1777,7 +1841,7 @@ int main(int argc, char **argv)
 		return cmd_readctl(argc, argv);
 	if (!strcmp(cmd, "pattern"))
 		return cmd_pattern(argc, argv);
-	fprintf(stderr, "usage: kpeer rxe-add|ueid-add|ueid-list|diag|lgr|stats|serve|client|waitctl|readctl|pattern "
+	fprintf(stderr, "usage: kpeer rxe-add|rxe-del|ueid-add|ueid-list|diag|lgr|stats|serve|client|waitctl|readctl|pattern "
 			"key=value...\n");
 	return 2;
 }

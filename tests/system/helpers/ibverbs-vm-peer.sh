@@ -18,6 +18,17 @@
 #             new SMC-R connections work (a new link group)
 #   hportdown (host namespace) the other half: an idle connection, then 1 MiB echoes until
 #             one works, a long transfer (must fail), 1 MiB echoes until one works
+#   gdevdel   (VM) our server, one process throughout; with an idle SMC-R connection and
+#             one under a running transfer, rxe0 is deleted (`rdma link delete`, through
+#             kpeer rxe-del). rxe reports no async event for this; the provider must see
+#             the kernel's removal uevent, fail the QPs (TEST LINK off for 120 s: nothing
+#             else can end the idle link), end both connections, and release the device:
+#             the kernel's deletion waits for that, so it must return in bounded time.
+#             Then rxe0 is added again and a new connection is SMC-R on the new device.
+#   hdevdel   (host namespace) the other half: the idle connection and the long transfer
+#             at once (both must fail, not hang), then 1 MiB echoes until one works. Each
+#             process's software RNIC needs an address of its own (UDP 4791): the idle
+#             connection comes from a second address on the namespace's bridge (IDLE_IP)
 # Every plan checks that the provider it expects was used and exits non-zero on failure.
 set -u
 SMC=${SMC:-/peer/smc}
@@ -61,8 +72,49 @@ wait_for() {
 }
 lines() { [ "$(count "$2" "$3")" -ge "$1" ]; } # N PATTERN FILE: at least N matching lines
 
+# Our server in the VM for the event plans: $srv.out/.err, process $lpid.
+serve_events() {
+  srv=$1
+  # SMC_LOG=info shows the provider's event lines. TEST LINK only every 120 s here: an
+  # idle link must be taken down by the device's event, not by a keepalive.
+  SMC_RS_KEEPALIVE_MS=120000 "$SMC" listen "$KPEER_LOCAL_IP:$KPEER_PORT" --echo --stats \
+    > "$srv.out" 2> "$srv.err" &
+  lpid=$!
+  trap 'kill -TERM $lpid 2>/dev/null' TERM
+}
+stop() { kill -TERM $lpid 2>/dev/null; wait $lpid; show "$srv"; }
+die() { stop; fail "$*"; }
+accepted() { count '^accepted ' "$srv.err"; }
+ended() { grep -q "^conn $1 peer=.*: " "$srv.err"; } # CONN ended with an error
+# first connection after the N-th accepted one that is SMC-R and was echoed in full → k
+echoed_after() {
+  k=$(grep '^accepted ' "$srv.err" | awk -v n="$1" 'NR > n && /: SMC-R v2, link group/ { print NR }' |
+    while read -r j; do grep -q "^conn $j .* echoed " "$srv.out" && { echo "$j"; break; }; done)
+  [ -n "$k" ]
+}
+# connect_idle OUT: an SMC-R connection that sends nothing (stdin: a FIFO nobody writes
+# to; fd 3 holds it open), TEST LINK every 3 s, in the background as $cpid; retried
+# while the server is not listening yet
+connect_idle() { # OUT [LOCAL_IP]
+  rm -f "$log/$1.fifo"; mkfifo "$log/$1.fifo" || fail "mkfifo"
+  i=0
+  while :; do
+    SMC_RS_KEEPALIVE_MS=3000 timeout 200 "$SMC" connect --bind "${2:-$KPEER_LOCAL_IP}" \
+      "$KPEER_PEER_IP:${KPEER_PORT:-5000}" < "$log/$1.fifo" > "$log/$1.out" 2> "$log/$1.err" &
+    cpid=$!
+    exec 3> "$log/$1.fifo"
+    wait_for 60 connected_or_gone "$log/$1.err"
+    grep -q '^connected to ' "$log/$1.err" && return 0
+    exec 3>&-
+    kill $cpid 2>/dev/null; wait $cpid
+    i=$((i + 1)); [ $i -ge 120 ] && { show "$log/$1"; fail "idle connection: never connected"; }
+    sleep 1
+  done
+}
+connected_or_gone() { grep -q '^connected to ' "$1" || ! kill -0 $cpid 2>/dev/null; }
+
 case $PLAN in
-kclient|kserver|gserver|gclient|conform|gportdown)
+kclient|kserver|gserver|gclient|conform|gportdown|gdevdel)
   "$SMC" rdma devices --addr "$KPEER_LOCAL_IP" || fail "smc rdma devices"
   ;;
 esac
@@ -137,21 +189,7 @@ conform)
     || fail "verbs conformance suite"
   ;;
 gportdown)
-  # SMC_LOG=info shows the provider's async-event lines. TEST LINK only every 120 s here:
-  # the idle link must be taken down by the port-error event, not by a keepalive.
-  SMC_RS_KEEPALIVE_MS=120000 "$SMC" listen "$KPEER_LOCAL_IP:$KPEER_PORT" --echo --stats \
-    > "$log/p.out" 2> "$log/p.err" &
-  lpid=$!
-  trap 'kill -TERM $lpid 2>/dev/null' TERM
-  stop() { kill -TERM $lpid 2>/dev/null; wait $lpid; show "$log/p"; }
-  die() { stop; fail "$*"; }
-  accepted() { count '^accepted ' "$log/p.err"; }
-  # first connection after the N-th accepted one that is SMC-R and was echoed in full → k
-  echoed_after() {
-    k=$(grep '^accepted ' "$log/p.err" | awk -v n="$1" 'NR > n && /: SMC-R v2, link group/ { print NR }' |
-      while read -r j; do grep -q "^conn $j .* echoed " "$log/p.out" && { echo "$j"; break; }; done)
-    [ -n "$k" ]
-  }
+  serve_events "$log/p"
   # port_cycle CONN LIMIT WHAT: eth0 down; connection CONN must end with an error within
   # LIMIT s; eth0 up; the provider must see the port active again
   port_cycle() {
@@ -159,7 +197,7 @@ gportdown)
     t0=$(date +%s)
     ip link set eth0 down || die "ip link set eth0 down"
     echo "eth0 down ($3)"
-    wait_for "$2" grep -q "^conn $1 peer=.*: " "$log/p.err"; ended=$?
+    wait_for "$2" ended "$1"; ended=$?
     t1=$(date +%s)
     ip link set eth0 up || die "ip link set eth0 up"
     echo "eth0 up"
@@ -197,6 +235,83 @@ gportdown)
   grep -q '^conn 1 .* echoed ' "$log/p.out" && fail "the idle connection ended normally"
   grep -q "^conn $big .* echoed " "$log/p.out" && fail "the long transfer was echoed in full despite the port going down"
   used_rxe "$log/p.err"
+  ;;
+gdevdel)
+  serve_events "$log/r"
+  # 1. the host's idle connection, then its long transfer
+  wait_for 300 lines 2 '^accepted ' "$srv.err" || die "not two connections"
+  [ "$(count '^accepted .*: SMC-R v2' "$srv.err")" = 2 ] || die "the two connections are not SMC-R"
+  sleep 3
+  ended 1 && die "the idle connection ended before the device was removed"
+  ended 2 && die "the long transfer ended before the device was removed"
+  t0=$(date +%s)
+  (kpeer rxe-del name=rxe0; echo $? > "$log/del.rc") > "$log/del.log" 2>&1 &
+  echo "rxe0 deleted (rdma link delete)"
+  wait_for 30 ended 1 || die "the idle connection did not end within 30 s of the device removal"
+  wait_for 30 ended 2 || die "the long transfer did not end within 30 s of the device removal"
+  echo "both connections ended $(($(date +%s) - t0)) s after the removal: $(grep '^conn [12] peer=' "$srv.err" | tr '\n' ' ')"
+  # the kernel finishes unregistering rxe0 only when no process has it open any more
+  wait_for 60 test -s "$log/del.rc" \
+    || die "the kernel's removal of rxe0 did not finish within 60 s: the device is still held open"
+  [ "$(cat "$log/del.rc")" = 0 ] || die "kpeer rxe-del failed: $(cat "$log/del.log")"
+  echo "the kernel finished removing rxe0 $(($(date +%s) - t0)) s after the deletion began (device released)"
+  [ -e /sys/class/infiniband/rxe0 ] && die "rxe0 still in sysfs"
+  kill -0 $lpid 2>/dev/null || die "the server exited"
+  # the order in the log: the removal, the provider failing the QPs, then the link
+  ev=$(grep -n 'device removed' "$srv.err" | head -1 | cut -d: -f1)
+  down=$(grep -n 'link down' "$srv.err" | head -1 | cut -d: -f1)
+  [ -n "$ev" ] && [ -n "$down" ] && [ "$ev" -lt "$down" ] \
+    || die "the link did not go down after the provider saw the removal (lines ${ev:-none}, ${down:-none})"
+  grep -q 'RDMA device removed: released' "$srv.err" || die "the stack did not release the removed device"
+  grep 'device removed\|link down\|link group terminated\|released\|^conn [12] ' "$srv.err" | sed 's/^/  removal: /'
+  # 2. rxe0 again: a new connection is SMC-R on the new device (a new link group)
+  kpeer rxe-add name=rxe0 netdev=eth0 || die "kpeer rxe-add"
+  echo "rxe0 added again"
+  wait_for 300 echoed_after 2 || die "no working SMC-R connection after rxe0 was added again"
+  grep '^accepted ' "$srv.err" | sed -n "${k}p" | grep -q 'first contact' || die "connection $k: not a new link group"
+  echo "connection $k: SMC-R on the new rxe0 (new link group), echoed"
+  stop
+  [ "$(count 'ibverbs device opened device=rxe0' "$srv.err")" -ge 2 ] || fail "rxe0 was not opened anew"
+  grep -q 'provider auto: softroce' "$srv.err" && fail "a connection used the software RNIC"
+  grep -q '^conn 1 .* echoed ' "$srv.out" && fail "the idle connection ended normally"
+  grep -q '^conn 2 .* echoed ' "$srv.out" && fail "the long transfer was echoed in full despite the removal"
+  ;;
+hdevdel)
+  # the idle connection, then the long transfer (minutes under TCG) beside it
+  idle_ip=${IDLE_IP:-10.44.0.5}
+  ip addr add "$idle_ip/${KPEER_PREFIX:-24}" dev br0 || fail "ip addr add $idle_ip"
+  trap 'ip addr del "$idle_ip/${KPEER_PREFIX:-24}" dev br0 2>/dev/null' EXIT
+  connect_idle r1 "$idle_ip"
+  timeout 240 "$SMC" connect --bind "$KPEER_LOCAL_IP" "$KPEER_PEER_IP:${KPEER_PORT:-5000}" --send-bytes 4G \
+    --expect-echo --require-smc > "$log/r2.out" 2> "$log/r2.err" &
+  bpid=$!
+  wait $cpid; rc1=$?
+  exec 3>&-
+  wait $bpid; rc2=$?
+  show "$log/r1"; show "$log/r2"
+  grep -q '^connected to .*: SMC-R v2' "$log/r1.err" || fail "idle connection: not SMC-R"
+  grep -q '^connected to .*: SMC-R v2' "$log/r2.err" || fail "long transfer: not SMC-R"
+  case $rc1 in
+    0) fail "idle connection: ended normally although the peer's device was removed" ;;
+    124) fail "idle connection: hung after the peer's device was removed" ;;
+  esac
+  case $rc2 in
+    0) fail "long transfer: succeeded although the peer's device was removed" ;;
+    124) fail "long transfer: hung after the peer's device was removed" ;;
+  esac
+  echo "idle connection (exit $rc1) and long transfer (exit $rc2) failed as they should"
+  i=0
+  while :; do
+    "$SMC" connect --bind "$KPEER_LOCAL_IP" "$KPEER_PEER_IP:${KPEER_PORT:-5000}" --send-bytes 1M \
+      --expect-echo --require-smc > "$log/r3.out" 2> "$log/r3.err"
+    rc=$?
+    [ $rc = 0 ] && break
+    i=$((i + 1)); [ $i -ge 60 ] && break
+    sleep 2
+  done
+  show "$log/r3"
+  [ $rc = 0 ] || fail "no working connection after the peer's device came back"
+  grep -q 'first contact' "$log/r3.err" || fail "not a new link group"
   ;;
 hportdown)
   port=${KPEER_PORT:-5000}

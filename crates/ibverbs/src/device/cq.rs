@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void, CStr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -15,7 +15,7 @@ use smc_verbs::{
 use tracing::{debug, error, info, warn};
 
 use super::qp::QpInner;
-use super::{errno_error, lock, Ctx, Shared};
+use super::{errno_error, lock, uevent, Ctx, Shared};
 use crate::ffi::{self, Api};
 
 /// Completions polled from the hardware CQ per call.
@@ -264,15 +264,35 @@ pub(super) struct EventThread {
     pub(super) channel: usize,
     pub(super) shared: Arc<Shared>,
     pub(super) name: String,
+    /// The device's uverbs character device (`uverbs0`), whose removal uevent says that
+    /// the device is gone.
+    pub(super) uverbs: String,
+    /// Kernel uevents (see `uevent`), when the socket could be opened.
+    pub(super) uevents: Option<OwnedFd>,
 }
 
 impl EventThread {
     pub(super) fn run(self) {
+        self.event_loop();
+        if self.shared.orphaned.load(Ordering::Acquire) {
+            // SAFETY: `Ctx::drop` ran on this thread and left the channel and context to
+            // it: nothing else refers to them any more.
+            unsafe {
+                (self.api.destroy_comp_channel)(self.channel as *mut ffi::ibv_comp_channel);
+                (self.api.close_device)(self.ctx as *mut ffi::ibv_context);
+            }
+        }
+    }
+
+    fn event_loop(&self) {
         let ctx = self.ctx as *mut ffi::ibv_context;
         let channel = self.channel as *mut ffi::ibv_comp_channel;
-        // SAFETY: both stay valid until Ctx::drop joined this thread.
+        // SAFETY: both stay valid until Ctx::drop joined this thread (or, when it ran on
+        // this thread, until `run` closes them after this loop).
         let (cfd, afd) = unsafe { ((*channel).fd, (*ctx).async_fd) };
         let wfd = self.shared.wake.as_raw_fd();
+        // poll(2) ignores entries with a negative fd
+        let ufd = self.uevents.as_ref().map_or(-1, |f| f.as_raw_fd());
         loop {
             let mut fds = [
                 libc::pollfd {
@@ -290,9 +310,14 @@ impl EventThread {
                     events: libc::POLLIN,
                     revents: 0,
                 },
+                libc::pollfd {
+                    fd: ufd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
             ];
-            // SAFETY: three valid pollfds for the duration of the call.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) };
+            // SAFETY: four valid pollfds for the duration of the call.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
             if rc < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() == std::io::ErrorKind::Interrupted {
@@ -316,6 +341,40 @@ impl EventThread {
             }
             if fds[1].revents != 0 {
                 self.async_events(ctx);
+            }
+            if let Some(u) = &self.uevents {
+                if fds[3].revents != 0
+                    && uevent::drain(u, &self.uverbs)
+                    && !self.shared.removed.load(Ordering::Acquire)
+                {
+                    error!(device = %self.name, uverbs = %self.uverbs,
+                        "device removed (uverbs node unregistered): failing its QPs");
+                    self.removed();
+                }
+            }
+            if self.shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+        }
+    }
+
+    /// The device is gone for good: inactive, removed, every QP to ERR (their work
+    /// requests flush, the links above fail and free their objects, and the last one
+    /// closes the context, which the kernel waits for to finish the removal).
+    fn removed(&self) {
+        self.shared.removed.store(true, Ordering::Release);
+        self.shared.active.store(false, Ordering::Release);
+        self.fail_qps();
+    }
+
+    fn fail_qps(&self) {
+        let qps: Vec<Arc<QpInner>> = lock(&self.shared.qps)
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for qp in qps {
+            if let Err(e) = qp.modify_to_err() {
+                debug!(qpn = qp.qpn, error = %e, "QP to ERR after a device error");
             }
         }
     }
@@ -358,6 +417,7 @@ impl EventThread {
                 .to_string_lossy()
                 .into_owned();
             let mut flush_all = false;
+            let mut removed = false;
             match ev.event_type {
                 ffi::IBV_EVENT_QP_FATAL
                 | ffi::IBV_EVENT_QP_REQ_ERR
@@ -379,10 +439,18 @@ impl EventThread {
                         cq.fire();
                     }
                 }
-                ffi::IBV_EVENT_PORT_ERR | ffi::IBV_EVENT_DEVICE_FATAL => {
+                ffi::IBV_EVENT_PORT_ERR => {
                     error!(device = %self.name, event = %what, "device unusable: failing its QPs");
                     self.shared.active.store(false, Ordering::Release);
                     flush_all = true;
+                }
+                ffi::IBV_EVENT_DEVICE_FATAL => {
+                    // a driver that disassociates its contexts on removal reports it so
+                    error!(device = %self.name, event = %what, "device removed: failing its QPs");
+                    removed = true;
+                }
+                ffi::IBV_EVENT_PORT_ACTIVE if self.shared.removed.load(Ordering::Acquire) => {
+                    debug!(device = %self.name, event = %what, "port event on a removed device");
                 }
                 ffi::IBV_EVENT_PORT_ACTIVE => {
                     info!(device = %self.name, event = %what, "port active again");
@@ -392,16 +460,10 @@ impl EventThread {
             }
             // SAFETY: acknowledging the event we got above, exactly once.
             unsafe { (self.api.ack_async_event)(&mut ev) };
-            if flush_all {
-                let qps: Vec<Arc<QpInner>> = lock(&self.shared.qps)
-                    .values()
-                    .filter_map(Weak::upgrade)
-                    .collect();
-                for qp in qps {
-                    if let Err(e) = qp.modify_to_err() {
-                        debug!(qpn = qp.qpn, error = %e, "QP to ERR after a device error");
-                    }
-                }
+            if removed {
+                self.removed();
+            } else if flush_all {
+                self.fail_qps();
             }
         }
     }

@@ -10,6 +10,9 @@
 //! or a fatal device error marks the device inactive and moves every QP to ERR, so their
 //! work requests are flushed and the SMC-R link above sees the failure (as Linux SMC's
 //! `smc_ib_global_event_handler` → `smcr_port_err` takes the links of the port down).
+//! A removed device (`IBV_EVENT_DEVICE_FATAL`, or the kernel's `remove` uevent of its
+//! uverbs node for drivers that send no event, see `uevent`) stays removed: the provider
+//! no longer hands it out, and the context closes when the stack has dropped its objects.
 //!
 //! Split by object: this module holds the context ([`Ctx`]) and the device handle
 //! ([`DevInner`]); `pd` protection domains and memory regions; `cq` completion queues and
@@ -18,6 +21,7 @@
 mod cq;
 mod pd;
 mod qp;
+mod uevent;
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -74,6 +78,11 @@ fn set_nonblocking(fd: RawFd) -> std::io::Result<()> {
 struct Shared {
     /// False after a port error or a fatal device error (until the port is active again).
     active: AtomicBool,
+    /// True for good once the device was removed (fatal error or unregistered).
+    removed: AtomicBool,
+    /// Set by `Ctx::drop` when it runs on the event thread itself (the thread then
+    /// closes the context as it exits instead of being joined).
+    orphaned: AtomicBool,
     /// CQs by the id stored in their `cq_context`.
     cqs: Mutex<HashMap<u64, Weak<CqInner>>>,
     /// QPs by number.
@@ -116,6 +125,7 @@ impl Ctx {
             )));
         }
         let mut ctx = std::ptr::null_mut();
+        let mut uverbs = String::new();
         for i in 0..n.max(0) as usize {
             // SAFETY: `list` has `n` valid entries.
             let d = unsafe { *list.add(i) };
@@ -125,6 +135,10 @@ impl Ctx {
             if dn.to_bytes() == name.as_bytes() {
                 // SAFETY: `d` is valid until the list is freed; the context outlives it.
                 ctx = unsafe { (api.open_device)(d) };
+                // SAFETY: `dev_name` is a NUL-terminated array inside the device.
+                uverbs = unsafe { CStr::from_ptr((*d).dev_name.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned();
                 break;
             }
         }
@@ -164,6 +178,8 @@ impl Ctx {
         }
         let shared = Arc::new(Shared {
             active: AtomicBool::new(true),
+            removed: AtomicBool::new(false),
+            orphaned: AtomicBool::new(false),
             cqs: Mutex::new(HashMap::new()),
             qps: Mutex::new(HashMap::new()),
             deferred: Mutex::new(Vec::new()),
@@ -180,12 +196,23 @@ impl Ctx {
             shared: shared.clone(),
             thread: Mutex::new(None),
         });
+        // Without the uevent socket a removal that the driver does not report as
+        // DEVICE_FATAL goes unnoticed: say so, but the device works all the same.
+        let uevents = match uevent::open() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::warn!(device = %name, error = %e, "no kernel uevents: the device's removal cannot be seen");
+                None
+            }
+        };
         let th = EventThread {
             api,
             ctx: ctx as usize,
             channel: channel as usize,
             shared,
             name: name.to_string(),
+            uverbs,
+            uevents,
         };
         let h = std::thread::Builder::new()
             .name(format!("ibv-{name}"))
@@ -219,13 +246,25 @@ impl Ctx {
     fn is_active(&self) -> bool {
         self.shared.active.load(Ordering::Acquire)
     }
+
+    /// True once the device was removed: it never comes back (a device registered again
+    /// under the same name is a new context).
+    pub(crate) fn is_removed(&self) -> bool {
+        self.shared.removed.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Ctx {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.wake.wake();
         if let Some(h) = lock(&self.thread).take() {
+            if h.thread().id() == std::thread::current().id() {
+                // The last reference went away inside a handler the event thread ran
+                // (it cannot join itself): it closes the context when it returns.
+                self.shared.orphaned.store(true, Ordering::Release);
+                return;
+            }
+            self.shared.wake.wake();
             let _ = h.join();
         }
         // SAFETY: every CQ (they hold an Arc<Ctx>) is gone, so the channel is unused;
@@ -344,6 +383,9 @@ impl DeviceOps for DevInner {
     }
     fn is_active(&self) -> bool {
         self.ctx.is_active()
+    }
+    fn is_removed(&self) -> bool {
+        self.ctx.is_removed()
     }
     fn alloc_pd(&self) -> Result<Arc<dyn PdOps>> {
         if !self.ctx.is_active() {

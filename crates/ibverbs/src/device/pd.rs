@@ -1,8 +1,9 @@
 //! Protection domains and memory regions.
 
 use std::any::Any;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use smc_verbs::{
     AccessFlags, MrOps, PdOps, QpCap, QpInitAttr, QpOps, QpState, RdmaBuffer, Result, VerbsError,
@@ -20,6 +21,53 @@ use crate::ffi;
 pub(super) struct PdRaw {
     ctx: Arc<Ctx>,
     pd: *mut ffi::ibv_pd,
+    /// The PD's regions by lkey, for INLINE sends (see [`inline_addr`]).
+    spans: RwLock<HashMap<u32, Span>>,
+}
+
+/// Where a memory region lies: its I/O virtual address and the process address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Span {
+    pub iova: u64,
+    pub va: u64,
+    pub len: u64,
+}
+
+/// The process address of `[addr, addr+len)` given in I/O-virtual space, for an INLINE
+/// SGE: the CPU copies inline data at post time from that address (verbs.h: "the
+/// buffer is read directly", no lkey check), while `smc-verbs` SGEs name memory by the
+/// region's (random) I/O virtual address (`Mr::sge`). The region named by `lkey` is
+/// tried first, then any region of the PD (lkeys are not checked for INLINE, as the
+/// software RNIC does); `None` when no region of the PD covers it, so no SGE can make
+/// libibverbs read memory outside the PD's registered buffers.
+pub(super) fn inline_addr(
+    spans: &HashMap<u32, Span>,
+    lkey: u32,
+    addr: u64,
+    len: u64,
+) -> Option<u64> {
+    let covers = |s: &Span| {
+        addr >= s.iova
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= s.iova.saturating_add(s.len))
+    };
+    spans
+        .get(&lkey)
+        .filter(|s| covers(s))
+        .or_else(|| spans.values().find(|s| covers(s)))
+        .map(|s| s.va + (addr - s.iova))
+}
+
+impl PdRaw {
+    pub(super) fn inline_addr(&self, lkey: u32, addr: u64, len: u64) -> Option<u64> {
+        inline_addr(
+            &self.spans.read().unwrap_or_else(|e| e.into_inner()),
+            lkey,
+            addr,
+            len,
+        )
+    }
 }
 
 // SAFETY: ibv_pd may be used from any thread; the pointer is valid until Drop.
@@ -61,6 +109,7 @@ impl PdInner {
             raw: Arc::new(PdRaw {
                 ctx: d.ctx.clone(),
                 pd,
+                spans: RwLock::new(HashMap::new()),
             }),
             ctx: d.ctx.clone(),
             pd,
@@ -102,7 +151,7 @@ impl PdOps for PdInner {
         let start = buf.as_ptr().wrapping_add(offset);
         let (mr, addr) = match self.ctx.api.reg_mr_iova2 {
             Some(reg) => {
-                let iova = (rand::random::<u64>() & 0x3fff_ffff_ffff_f000) | (start as u64 & 0xfff);
+                let iova = smc_verbs::random_iova(start as u64);
                 // SAFETY: the range lies inside `buf`, which the MR keeps alive (Arc)
                 // until it is deregistered.
                 let mr = unsafe {
@@ -129,6 +178,18 @@ impl PdOps for PdInner {
         }
         // SAFETY: `mr` is a valid MR returned above.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        self.raw
+            .spans
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                lkey,
+                Span {
+                    iova: addr,
+                    va: start as u64,
+                    len: len as u64,
+                },
+            );
         Ok(Box::new(MrInner {
             _pd: self.raw.clone(),
             ctx: self.ctx.clone(),
@@ -243,6 +304,11 @@ impl Drop for MrInner {
         if rc != 0 {
             warn!(rc, "ibv_dereg_mr failed");
         }
+        self._pd
+            .spans
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.lkey);
     }
 }
 
@@ -264,5 +330,40 @@ impl MrOps for MrInner {
     }
     fn buffer(&self) -> &Arc<RdmaBuffer> {
         &self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_sges_are_translated_to_process_addresses() {
+        let mut m = HashMap::new();
+        let a = Span {
+            iova: 0x1234_5000_0010,
+            va: 0x7f00_0000_0010,
+            len: 4096,
+        };
+        let b = Span {
+            iova: 0x0abc_0000_0000,
+            va: 0x5600_0000_0000,
+            len: 64,
+        };
+        m.insert(7, a);
+        m.insert(9, b);
+        // by its own lkey, at the start, inside and up to the end
+        assert_eq!(inline_addr(&m, 7, a.iova, 44), Some(a.va));
+        assert_eq!(inline_addr(&m, 7, a.iova + 100, 44), Some(a.va + 100));
+        assert_eq!(inline_addr(&m, 7, a.iova + 4096 - 8, 8), Some(a.va + 4088));
+        // lkeys are not checked for INLINE: another region of the PD covering it
+        assert_eq!(inline_addr(&m, 7, b.iova + 8, 8), Some(b.va + 8));
+        assert_eq!(inline_addr(&m, 99, a.iova, 8), Some(a.va));
+        // beyond a region, before it, wrapping, or unregistered: refused
+        assert_eq!(inline_addr(&m, 7, a.iova + 4096 - 8, 9), None);
+        assert_eq!(inline_addr(&m, 7, a.iova - 1, 4), None);
+        assert_eq!(inline_addr(&m, 7, u64::MAX - 2, 8), None);
+        assert_eq!(inline_addr(&m, 7, 0x10, 8), None);
+        assert_eq!(inline_addr(&HashMap::new(), 7, a.iova, 8), None);
     }
 }

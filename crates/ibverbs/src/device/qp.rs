@@ -305,9 +305,21 @@ impl QpInner {
         let base = iw.as_mut_ptr();
         for (i, w) in wrs.iter().enumerate() {
             let first = k;
+            let inline = w.flags.contains(SendFlags::INLINE);
             for s in w.sg_list {
+                // INLINE data is read by the CPU at its process address, not through
+                // the region's I/O virtual address (see `pd::inline_addr`).
+                let addr = if inline && s.length > 0 {
+                    self._pd
+                        .inline_addr(s.lkey, s.addr, u64::from(s.length))
+                        .ok_or(VerbsError::InvalidArgument(
+                            "INLINE SGE outside the memory regions of the QP's PD",
+                        ))?
+                } else {
+                    s.addr
+                };
                 is[k] = ffi::ibv_sge {
-                    addr: s.addr,
+                    addr,
                     length: s.length,
                     lkey: s.lkey,
                 };

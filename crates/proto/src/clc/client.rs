@@ -298,16 +298,14 @@ impl Client {
     ) {
         match inc {
             Incoming::Protocol(why) => self.reset(ResetReason::Protocol(why), env),
-            Incoming::Message(ClcType::Decline, bytes) => match Core::parse_decline(&bytes) {
-                Ok(d) => {
-                    match self.state {
-                        State::Link(w) => self.core.link_wait_decline(&w, d, env),
-                        _ => self.core.peer_declined(d, env),
-                    }
-                    self.state = State::Done;
-                }
-                Err(why) => self.reset(ResetReason::Protocol(why), env),
-            },
+            Incoming::Message(ClcType::Decline, bytes) => {
+                let wait = match self.state {
+                    State::Link(w) => Some(w),
+                    _ => None,
+                };
+                self.core.decline_received(&bytes, wait.as_ref(), env);
+                self.state = State::Done;
+            }
             Incoming::Message(_, bytes) => {
                 // Linux answers in the Accept's version (smc_connect_decline_fallback).
                 self.core.decline_version = if bytes[7] >> 4 >= 2 { 2 } else { 1 };
@@ -437,8 +435,11 @@ impl Client {
             };
             let req = ClientLgrRequest {
                 version,
+                peer_id: server.peer_id,
                 server: PeerQp {
-                    id: server,
+                    mac: server.mac,
+                    gid: server.gid,
+                    qpn: server.qpn,
                     psn: a.psn,
                     mtu,
                 },

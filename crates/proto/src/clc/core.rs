@@ -404,6 +404,23 @@ impl Core {
         }
     }
 
+    /// A Decline arrived (either side): parsed, it ends the rendezvous as a fallback or, in
+    /// a link wait past the point of no return, a reset; unparsable, a reset.
+    pub fn decline_received<E: ClcEnv + ?Sized>(
+        &mut self,
+        bytes: &[u8],
+        link_wait: Option<&LinkWait>,
+        env: &mut E,
+    ) {
+        match Self::parse_decline(bytes) {
+            Ok(d) => match link_wait {
+                Some(w) => self.link_wait_decline(w, d, env),
+                None => self.peer_declined(d, env),
+            },
+            Err(why) => self.reset(ResetReason::Protocol(why), env),
+        }
+    }
+
     /// A peer's Decline during the link wait: fallback before the point of no return
     /// (C.2, C.3), reset after it.
     pub fn link_wait_decline<E: ClcEnv + ?Sized>(
@@ -441,6 +458,7 @@ impl ClcEnv for NoEnv {
         &mut self,
         _: LgrId,
         _: super::LinkId,
+        _: smc_wire::common::PeerId,
         _: &super::PeerQp,
     ) -> Result<(), DeclineCode> {
         Err(DeclineCode::INTERR)

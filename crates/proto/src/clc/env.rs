@@ -144,15 +144,18 @@ pub struct PeerLinkId {
     pub qpn: U24,
 }
 
-/// The peer's QP parameters for a new link (first contact).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerQp {
-    /// Identity.
-    pub id: PeerLinkId,
-    /// The peer's initial send PSN: our expected receive PSN (RTR).
-    pub psn: U24,
-    /// The peer's MTU; the path MTU is the minimum of both (RFC 7609 A.2.3).
-    pub mtu: QpMtu,
+pub use crate::ids::PeerQp;
+
+impl PeerQp {
+    /// The link-match key of this QP of the peer `peer_id`.
+    pub fn link_id(&self, peer_id: PeerId) -> PeerLinkId {
+        PeerLinkId {
+            peer_id,
+            gid: self.gid,
+            mac: self.mac,
+            qpn: self.qpn,
+        }
+    }
 }
 
 /// The peer's RMB element for this connection (RFC 7609 A.2.3/A.2.4).
@@ -271,6 +274,8 @@ pub struct ClientLookup {
 pub struct ClientLgrRequest {
     /// Version.
     pub version: Version,
+    /// The server's Peer ID (from the Accept).
+    pub peer_id: PeerId,
     /// The server's QP (from the Accept): the QP goes INIT → RTR with it (RFC 7609
     /// §3.5.1.3), ready for the CONFIRM LINK.
     pub server: PeerQp,
@@ -326,6 +331,7 @@ pub trait ClcEnv {
         &mut self,
         lgr: LgrId,
         link: LinkId,
+        peer_id: PeerId,
         client: &PeerQp,
     ) -> Result<(), DeclineCode>;
 

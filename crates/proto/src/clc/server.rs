@@ -193,16 +193,14 @@ impl Server {
     ) {
         match inc {
             Incoming::Protocol(why) => self.reset(ResetReason::Protocol(why), env),
-            Incoming::Message(ClcType::Decline, bytes) => match Core::parse_decline(&bytes) {
-                Ok(d) => {
-                    match self.state {
-                        State::Link(w) => self.core.link_wait_decline(&w, d, env),
-                        _ => self.core.peer_declined(d, env),
-                    }
-                    self.state = State::Done;
-                }
-                Err(why) => self.reset(ResetReason::Protocol(why), env),
-            },
+            Incoming::Message(ClcType::Decline, bytes) => {
+                let wait = match self.state {
+                    State::Link(w) => Some(w),
+                    _ => None,
+                };
+                self.core.decline_received(&bytes, wait.as_ref(), env);
+                self.state = State::Done;
+            }
             Incoming::Message(ClcType::Proposal, bytes) => {
                 // Linux declines in the Proposal's version (smc_listen_decline).
                 self.core.decline_version = if bytes[7] >> 4 >= 2 { 2 } else { 1 };
@@ -466,11 +464,13 @@ impl Server {
         self.chosen = Some(c.clone());
         if let (true, Some(mtu)) = (first, mtu) {
             let qp = PeerQp {
-                id,
+                mac: id.mac,
+                gid: id.gid,
+                qpn: id.qpn,
                 psn: confirm.psn,
                 mtu,
             };
-            if let Err(code) = env.server_start_first_link(c.lgr, c.link.link, &qp) {
+            if let Err(code) = env.server_start_first_link(c.lgr, c.link.link, id.peer_id, &qp) {
                 return self.decline(code, false, env);
             }
             // S9/S10: the llc sends CONFIRM LINK; wait for the response.

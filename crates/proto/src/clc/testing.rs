@@ -280,6 +280,7 @@ impl ClcEnv for FakeEnv {
         &mut self,
         lgr: LgrId,
         link: LinkId,
+        peer_id: PeerId,
         client: &PeerQp,
     ) -> Result<(), DeclineCode> {
         if let Some(c) = self.fail_start {
@@ -291,7 +292,7 @@ impl ClcEnv for FakeEnv {
             .iter_mut()
             .find(|l| l.local.link == link)
             .ok_or(DeclineCode::INTERR)?;
-        l.peer = Some(client.id);
+        l.peer = Some(client.link_id(peer_id));
         g.first_link_started = true;
         self.started = Some(*client);
         Ok(())
@@ -332,11 +333,11 @@ impl ClcEnv for FakeEnv {
             id,
             FakeLgr {
                 version: req.version,
-                peer_id: req.server.id.peer_id,
-                peer_gid: req.server.id.gid,
+                peer_id: req.peer_id,
+                peer_gid: req.server.gid,
                 links: vec![FakeLink {
                     local: link,
-                    peer: Some(req.server.id),
+                    peer: Some(req.server.link_id(req.peer_id)),
                 }],
                 first_link_started: true,
             },

@@ -190,12 +190,10 @@ impl<'a> Env<'a> {
         let first = llc::FirstLink {
             device: g.device,
             local,
-            peer: llc::PeerQp {
-                mac: peer.id.mac,
-                gid: peer.id.gid,
-                qpn: peer.id.qpn,
-                psn: peer.psn,
+            // The path MTU: the smaller of both sides' (RFC 7609 A.2.3).
+            peer: PeerQp {
                 mtu: local.mtu.min(peer.mtu),
+                ..peer
             },
             local_rmb: llc::RmbId(rmb_id),
             local_token: token,
@@ -227,12 +225,9 @@ impl<'a> Env<'a> {
             .and_then(|g| g.links.get(&llc::LinkId::FIRST))
             .ok_or(DeclineCode::INTERR)?
             .mtu;
-        let p = llc::PeerQp {
-            mac: peer.id.mac,
-            gid: peer.id.gid,
-            qpn: peer.id.qpn,
-            psn: peer.psn,
+        let p = PeerQp {
             mtu: mtu.min(peer.mtu),
+            ..*peer
         };
         self.host
             .connect_link(lgr, llc::LinkId::FIRST, &p)
@@ -321,6 +316,7 @@ impl ClcEnv for Env<'_> {
         &mut self,
         lgr: LgrId,
         link: clc::LinkId,
+        _peer_id: PeerId,
         client: &PeerQp,
     ) -> Result<(), DeclineCode> {
         if link != llc::LinkId::FIRST {
@@ -370,8 +366,8 @@ impl ClcEnv for Env<'_> {
         let (lgr, local) = self.new_lgr(
             clc::Role::Client,
             req.version,
-            req.server.id.peer_id,
-            req.server.id.gid,
+            req.peer_id,
+            req.server.gid,
             req.v2,
         )?;
         if let Some(g) = self.ep.lgrs.get_mut(&lgr) {

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use smc_wire::common::{Gid, Mac, QpMtu, U24};
+use smc_wire::common::{QpMtu, U24};
 
 use super::{DeviceId, LinkId};
 
@@ -35,20 +35,7 @@ pub struct QpInfo {
     pub mtu: QpMtu,
 }
 
-/// The peer's side of a link: what the runtime needs to move our QP to RTR/RTS.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct PeerQp {
-    /// Peer RoCE MAC.
-    pub mac: Mac,
-    /// Peer GID.
-    pub gid: Gid,
-    /// Peer QP number.
-    pub qpn: U24,
-    /// Peer's initial PSN (our expected receive PSN).
-    pub psn: U24,
-    /// Path MTU to use: the smaller of both sides' (RFC 7609 A.2.3, A.3.2).
-    pub mtu: QpMtu,
-}
+pub use crate::ids::PeerQp;
 
 /// A read-only snapshot of a link for the runtime.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -10,11 +10,12 @@ pub mod tokio;
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
+use smc_verbs::DriveWaker;
 use socket2::{Domain, Protocol, Socket, Type};
 use tracing::debug;
 
@@ -105,7 +106,7 @@ pub(crate) enum Wait {
 impl SmcHandle {
     fn wait<'a>(
         &'a self,
-        st: MutexGuard<'a, ConnState>,
+        mut st: MutexGuard<'a, ConnState>,
         wait: Wait,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
         let drive = self.stack.cfg.rnic_drive;
@@ -116,15 +117,29 @@ impl SmcHandle {
                 let seq = self.conn.wake_seq.load(Ordering::Acquire);
                 // The link can change under a failover: its device, as of now.
                 let device = st.path.link.device.clone();
+                // Registered under the lock before `seq` can move again: whoever
+                // moves it (the completion handler, on whichever thread received the
+                // CDC) wakes this thread's drive, which otherwise sleeps on the socket.
+                let waker = DriveWaker::current();
+                if let Some(w) = &waker {
+                    st.drivers.push(w.clone());
+                }
                 drop(st);
                 let max = deadline.map_or(drive, |d| {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
                 let conn = &self.conn;
-                device
-                    .0
-                    .drive(&|| conn.wake_seq.load(Ordering::Acquire) != seq, max);
-                let st = self.conn.lock();
+                device.0.drive(
+                    &|| conn.wake_seq.load(Ordering::Acquire) != seq,
+                    waker.as_ref(),
+                    max,
+                );
+                let mut st = self.conn.lock();
+                if let Some(w) = &waker {
+                    if let Some(i) = st.drivers.iter().position(|d| d.same(w)) {
+                        st.drivers.swap_remove(i);
+                    }
+                }
                 if self.conn.wake_seq.load(Ordering::Acquire) != seq {
                     return Ok(st);
                 }
@@ -350,15 +365,24 @@ pub(crate) fn connect_one(
         Some(t) => sock.connect_timeout(&addr.into(), t)?,
         None => sock.connect(&addr.into())?,
     }
-    let tcp: TcpStream = sock.into();
+    rendezvous_on(stack, sock.into(), timeout.map(|t| t0 + t))
+}
+
+/// The rendezvous of a client whose TCP connection is up: CLC on the event thread,
+/// bounded by the machines' timers and by `deadline`.
+fn rendezvous_on(
+    stack: &Arc<Inner>,
+    tcp: TcpStream,
+    deadline: Option<Instant>,
+) -> io::Result<Established> {
     let _ = tcp.set_nodelay(true);
     let slot = Arc::new(ConnectSlot::default());
     register_client(stack, tcp, slot.clone())?;
     // The machines bound every wait (ClcConfig::max_rendezvous_time); the margin only
     // protects against a stopped stack. A connect timeout bounds the whole connect.
     let mut limit = Instant::now() + stack.clc.max_rendezvous_time() + Duration::from_secs(5);
-    if let Some(t) = timeout {
-        limit = limit.min(t0 + t);
+    if let Some(d) = deadline {
+        limit = limit.min(d);
     }
     let mut g = slot.result.lock().unwrap_or_else(|p| p.into_inner());
     loop {
@@ -394,6 +418,15 @@ fn each_addr<A: ToSocketAddrs, T>(
         }
     }
     Err(last.unwrap_or_else(|| io::Error::new(ErrorKind::InvalidInput, "no address to use")))
+}
+
+impl Stack {
+    /// Asks this stack's TCP-option source (e.g. smc-bpf) to announce SMC-R on a socket
+    /// the caller will `connect()` or `listen()` on (RFC 7609 §3.1): for
+    /// [`SmcStream::from_connected_with`] and [`SmcListener::from_listening_with`].
+    pub fn mark_tcp_option(&self, sock: BorrowedFd<'_>) -> io::Result<()> {
+        self.inner.tcp_option.mark(sock).map_err(io::Error::other)
+    }
 }
 
 /// `SIOCATMARK` (asm-generic/sockios.h; not in the libc crate).
@@ -436,6 +469,26 @@ impl SmcStream {
     pub fn connect_timeout_with(stack: &Stack, addr: &SocketAddr, t: Duration) -> io::Result<Self> {
         let inner = stack.inner.clone();
         connect_one(&inner, *addr, Some(t)).map(|e| stream_from(&inner, e))
+    }
+
+    /// The rendezvous on a TCP connection the caller connected itself (e.g. an
+    /// interposed `connect()` that must keep the application's socket, its bind address
+    /// and options). The socket should have been marked with
+    /// [`Stack::mark_tcp_option`] before `connect()`. `tcp` is taken over: for SMC-R it
+    /// becomes the connection's idle TCP socket (RFC 7609 §4.8), for a fallback it is
+    /// the stream itself ([`SmcStream::into_fallback`] gives it back).
+    pub fn from_connected_with(stack: &Stack, tcp: TcpStream) -> io::Result<Self> {
+        let inner = stack.inner.clone();
+        rendezvous_on(&inner, tcp, None).map(|e| stream_from(&inner, e))
+    }
+
+    /// The TCP connection of a fallback stream and its reason; an SMC-R stream comes
+    /// back unchanged as the error.
+    pub fn into_fallback(self) -> Result<(TcpStream, FallbackReason), SmcStream> {
+        match self.inner {
+            Inner2::Tcp(t, r) => Ok((t, r)),
+            inner @ Inner2::Smc(_) => Err(SmcStream { inner }),
+        }
     }
 
     /// SMC-R or TCP fallback (with the reason).
@@ -701,6 +754,19 @@ impl SmcListener {
                 shared,
                 stack: inner.clone(),
             })
+        })
+    }
+
+    /// A listener over a TCP socket the caller bound and put in the listening state
+    /// itself (e.g. an interposed `listen()`); mark it with [`Stack::mark_tcp_option`]
+    /// before `listen()` so that its SYN-ACKs announce SMC-R. The event thread accepts
+    /// on it from now on.
+    pub fn from_listening_with(stack: &Stack, l: TcpListener) -> io::Result<Self> {
+        let inner = stack.inner.clone();
+        let shared = register_listener(&inner, l)?;
+        Ok(SmcListener {
+            shared,
+            stack: inner,
         })
     }
 

@@ -186,14 +186,27 @@ impl SmcListener {
         })
     }
 
+    /// Wraps a blocking [`super::SmcListener`] (e.g. one made by
+    /// [`super::SmcListener::from_listening_with`]).
+    pub fn from_std(l: super::SmcListener) -> SmcListener {
+        SmcListener { inner: l }
+    }
+
     /// The next finished rendezvous (SMC-R or fallback).
     pub async fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        let (s, a) = poll_fn(|cx| match self.inner.poll_accept(cx.waker()) {
+        let (s, a) = self.accept_std().await;
+        Ok((SmcStream::from_std(s)?, a))
+    }
+
+    /// The next finished rendezvous as a blocking [`super::SmcStream`], for a caller
+    /// that hands a fallback's TCP socket on ([`super::SmcStream::into_fallback`])
+    /// instead of registering it with tokio.
+    pub async fn accept_std(&self) -> (super::SmcStream, SocketAddr) {
+        poll_fn(|cx| match self.inner.poll_accept(cx.waker()) {
             Some(x) => Poll::Ready(x),
             None => Poll::Pending,
         })
-        .await;
-        Ok((SmcStream::from_std(s)?, a))
+        .await
     }
 
     /// The bound address.

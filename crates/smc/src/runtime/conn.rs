@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
-use smc_verbs::{Mr, RdmaBuffer};
+use smc_verbs::{DriveWaker, Mr, RdmaBuffer};
 use tracing::{debug, warn};
 
 use super::link::{wr_cdc, LinkRes, SlotWaiter, TX_SLOTS};
@@ -58,6 +58,10 @@ pub(crate) struct ConnState {
     pub nonblocking: bool,
     pub rx_waker: Option<Waker>,
     pub tx_waker: Option<Waker>,
+    /// Threads of blocking reads and writes inside `DeviceOps::drive` for this
+    /// connection, woken with `wake_seq` (the CDC they wait for may be received by
+    /// another thread).
+    pub drivers: Vec<DriveWaker>,
 }
 
 /// A connection shared by the application handles, the completion handler and the
@@ -233,6 +237,9 @@ impl ConnShared {
         ) {
             self.wake_seq.fetch_add(1, Ordering::Release);
             self.cond.notify_all();
+            for d in &st.drivers {
+                d.wake();
+            }
             if ev.intersects(Events::READABLE | Events::URGENT | Events::ERROR | Events::PEER_DONE)
             {
                 if let Some(w) = st.rx_waker.take() {

@@ -365,6 +365,7 @@ impl Core {
                 nonblocking: false,
                 rx_waker: None,
                 tx_waker: None,
+                drivers: Vec::new(),
             }),
             cond: Condvar::new(),
             bytes_sent: Default::default(),

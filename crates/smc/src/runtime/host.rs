@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use smc_verbs::{AccessFlags, Device, Mr, RdmaBuffer};
 use smc_wire::common::{Gid, Mac, U24};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::conn::ConnShared;
 use super::link::{LinkRes, PeerQpAttr};
@@ -31,8 +31,10 @@ pub(crate) type Sndbuf = (Arc<RdmaBuffer>, Mr);
 /// conflict rule).
 #[derive(Default)]
 pub(crate) struct HostState {
-    /// Devices by local address; the index is the endpoint's `DeviceId`.
-    pub devices: Vec<(IpAddr, Device)>,
+    /// Devices by local address; the index is the endpoint's `DeviceId`. `None`: the
+    /// device was removed and dropped (the address gets a new one, under the same id,
+    /// when a connection next asks for it).
+    pub devices: Vec<(IpAddr, Option<Device>)>,
     /// Addresses whose device could not be opened (warned once).
     pub device_errors: BTreeSet<IpAddr>,
     pub links: HashMap<(LgrId, llc::LinkId), Arc<LinkRes>>,
@@ -56,13 +58,28 @@ impl HostState {
     /// The device serving `ip`, opened on first use: its endpoint description, or
     /// `None` (every connection on this address falls back, NOSMCRDEV).
     pub(crate) fn device_for(&mut self, inner: &Inner, ip: IpAddr) -> Option<(DeviceInfo, bool)> {
-        if let Some(i) = self.devices.iter().position(|(a, _)| *a == ip) {
-            return Some((describe(i, &self.devices[i].1), false));
+        let slot = self.devices.iter().position(|(a, _)| *a == ip);
+        if let Some(i) = slot {
+            match &self.devices[i].1 {
+                Some(d) if !d.is_removed() => return Some((describe(i, d), false)),
+                _ => self.devices[i].1 = None,
+            }
         }
         match inner.cfg.provider.device_for(ip) {
             Ok(d) => {
-                self.devices.push((ip, d.clone()));
-                Some((describe(self.devices.len() - 1, &d), true))
+                let i = match slot {
+                    Some(i) => {
+                        info!(%ip, device = d.name(), "RDMA device for this address opened again");
+                        self.devices[i].1 = Some(d.clone());
+                        i
+                    }
+                    None => {
+                        self.devices.push((ip, Some(d.clone())));
+                        self.devices.len() - 1
+                    }
+                };
+                self.device_errors.remove(&ip);
+                Some((describe(i, &d), true))
             }
             Err(e) => {
                 // Say why once per address.
@@ -79,8 +96,22 @@ impl HostState {
     pub(crate) fn device_name(&self, id: DeviceId) -> String {
         self.devices
             .get(id.0 as usize)
-            .map(|(_, d)| d.name().to_string())
+            .and_then(|(_, d)| d.as_ref())
+            .map(|d| d.name().to_string())
             .unwrap_or_default()
+    }
+
+    /// Drops the devices that were removed: the provider can close one only when
+    /// nothing refers to it any more (a kernel unregistering an RDMA device waits for
+    /// that). Called when a link is destroyed, which is what a removal leads to.
+    fn drop_removed(&mut self) {
+        for (ip, d) in &mut self.devices {
+            if d.as_ref().is_some_and(Device::is_removed) {
+                info!(%ip, device = d.as_ref().map(Device::name).unwrap_or_default(),
+                    "RDMA device removed: released");
+                *d = None;
+            }
+        }
     }
 }
 
@@ -104,7 +135,7 @@ impl Host for HostCtx<'_> {
             .st
             .devices
             .get(device.0 as usize)
-            .map(|(_, d)| d.clone())
+            .and_then(|(_, d)| d.clone())
             .ok_or_else(|| HostError(format!("no device {device:?}")))?;
         let res = LinkRes::create(self.inner, &dev, lgr, link).map_err(herr)?;
         let qp = QpInfo {
@@ -150,6 +181,7 @@ impl Host for HostCtx<'_> {
             }
         }
         self.st.sndbufs.remove(&(lgr, link));
+        self.st.drop_removed();
     }
 
     fn create_rmb(&mut self, lgr: LgrId, rmb: llc::RmbId, size: usize) -> Result<(), HostError> {

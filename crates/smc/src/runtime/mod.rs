@@ -596,9 +596,13 @@ impl Inner {
 
 static GLOBAL: OnceLock<Stack> = OnceLock::new();
 
+/// The process that made [`GLOBAL`] (not a forked child of it).
+static GLOBAL_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Process exit with the global stack in use: end its link groups with DELETE LINK
 /// (RFC 7609 §3.5.4) so that the peers free theirs at once instead of after a failed
-/// TEST LINK. Best effort: skipped if the event thread holds the lock.
+/// TEST LINK. Best effort: skipped if the event thread holds the lock, and in a forked
+/// child.
 extern "C" fn global_at_exit() {
     // On a fresh thread: the exiting thread's thread-locals may already be gone, and
     // nothing may unwind out of an `extern "C"` function.
@@ -606,6 +610,11 @@ extern "C" fn global_at_exit() {
         .name("smc-exit".into())
         .spawn(|| {
             let Some(stack) = GLOBAL.get() else { return };
+            // A forked child that calls exit() shares the parent's sockets but not its
+            // threads: its goodbye would end the parent's link groups.
+            if std::process::id() != GLOBAL_PID.load(Ordering::Relaxed) {
+                return;
+            }
             let sent = match stack.inner.core.try_lock() {
                 Ok(mut core) => core.goodbye(&stack.inner, Instant::now()),
                 Err(_) => false,
@@ -644,6 +653,7 @@ impl Stack {
                 // resources; there is nothing sensible to return from a static accessor.
                 Err(e) => panic!("cannot start the SMC-R stack: {e}"),
             };
+            GLOBAL_PID.store(std::process::id(), Ordering::Relaxed);
             // Statics are never dropped: say goodbye to the peers at process exit.
             // SAFETY: registers a plain `extern "C"` function with no arguments.
             if unsafe { libc::atexit(global_at_exit) } != 0 {

@@ -24,10 +24,11 @@ fn tc_fc_01_happy_path_ipv4() {
     assert_eq!(s.peer_rmb.vaddr, c.local_rmb.vaddr);
     // The server's QP went RTR/RTS with the client's QP from the Confirm.
     let qp = p.senv.started.unwrap();
-    assert_eq!(qp.id, s.peer_link);
-    assert_eq!(qp.id.qpn, p.cenv.lgrs[&c.lgr].links[0].local.qpn);
+    assert_eq!(qp.link_id(s.peer_link.peer_id), s.peer_link);
+    assert_eq!(qp.qpn, p.cenv.lgrs[&c.lgr].links[0].local.qpn);
     // The client's QP went RTR with the server's QP from the Accept.
-    assert_eq!(p.cenv.client_requests[0].server.id, c.peer_link);
+    let req = &p.cenv.client_requests[0];
+    assert_eq!(req.server.link_id(req.peer_id), c.peer_link);
     assert_eq!(c.peer_link.qpn, p.senv.lgrs[&s.lgr].links[0].local.qpn);
     // Order of the wire: Proposal, Accept, Confirm; nothing else.
     let kinds: Vec<_> = sent(&p.c_out)

@@ -226,7 +226,7 @@ fn our_server_completes_with_linux_confirm() {
     feed(&mut s, now, &f.proposal, &mut env);
     assert!(feed(&mut s, now, &f.confirm_first, &mut env).is_empty());
     let qp = env.started.unwrap();
-    assert_eq!(qp.id.qpn.get(), 0x11);
+    assert_eq!(qp.qpn.get(), 0x11);
     assert_eq!(qp.psn.get(), 0xca_5000);
     assert_eq!(qp.mtu, QpMtu::Mtu1024);
     for ev in [
@@ -276,7 +276,7 @@ fn our_client_accepts_linux_accept() {
     assert_eq!(ours[64..96], f.confirm_first[64..96], "EID echoed");
     // The QP goes RTR with the server's values from the Accept.
     let req = &env.client_requests[0];
-    assert_eq!(req.server.id.qpn.get(), 0x11, "server QPN");
+    assert_eq!(req.server.qpn.get(), 0x11, "server QPN");
     assert_eq!(req.server.psn.get(), 0x06_4b13, "server PSN");
     assert_eq!(
         req.route.unwrap().nexthop_mac,

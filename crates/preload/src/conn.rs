@@ -1,0 +1,389 @@
+//! SMC-R streams: the interposed `connect()`, and the pump that joins an SMC-R
+//! connection to the descriptor the application holds.
+//!
+//! The application's descriptor of an SMC-R connection is one end of an AF_UNIX
+//! socketpair; a task on this library's tokio runtime copies between the other end and
+//! the connection, both ways. So every call on that descriptor — read/write and their
+//! vector and msg forms, MSG_PEEK/MSG_WAITALL/MSG_DONTWAIT, poll/select/epoll in every
+//! mode, FIONREAD, sendfile, splice, O_NONBLOCK — is the kernel's own, on a real socket,
+//! and readiness means what it says. The price is one more copy and a thread hand-off
+//! each way (README "Running unmodified programs").
+//!
+//! Ends map as TCP's do: the application's `shutdown(SHUT_WR)` (end of file on our end)
+//! half-closes the SMC-R connection (PeerDoneWriting, RFC 7609 §4.8.1); the peer's
+//! half-close becomes end of file for the application; when every descriptor of the
+//! application's end is closed (POLLHUP on ours) the connection is closed, aborted if
+//! data was still arriving (§4.8.2), as TCP sends RST.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use libc::{c_int, sockaddr, socklen_t};
+use smc::{SmcStream, Stack};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::real;
+use crate::report;
+
+/// An option value set at (level, name).
+pub(crate) type SavedOpt = ((c_int, c_int), Vec<u8>);
+
+/// An SMC-R stream the application holds (table entry of its descriptor): what the
+/// calls on it answer that a socketpair end cannot. It holds no handle on the
+/// connection (the pump has the only one), so it may live in any process.
+pub(crate) struct StreamEntry {
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    /// Options at the IP/IPv6/TCP levels the application set (the socketpair end has
+    /// none): given back by getsockopt.
+    pub opts: Mutex<Vec<SavedOpt>>,
+}
+
+impl StreamEntry {
+    pub(crate) fn new(local: SocketAddr, peer: SocketAddr) -> StreamEntry {
+        StreamEntry {
+            local,
+            peer,
+            opts: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// Bytes of one connection, for the report at its end.
+#[derive(Default)]
+struct Counters {
+    sent: AtomicU64,
+    received: AtomicU64,
+}
+
+/// Joins an SMC-R stream to a new socketpair: returns the application's end
+/// (close-on-exec, blocking); the pump runs until both ends are done.
+pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
+    let local = s.local_addr()?;
+    let peer = s.peer_addr()?;
+    let (app, ours) = std::os::unix::net::UnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    let counters = Arc::new(Counters::default());
+    let c = counters.clone();
+    let mode = s.mode().to_string();
+    /// Counts a running pump, also when its task is dropped unfinished.
+    struct Live;
+    impl Drop for Live {
+        fn drop(&mut self) {
+            crate::LIVE_PUMPS.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    crate::LIVE_PUMPS.fetch_add(1, Ordering::AcqRel);
+    let live = Live;
+    crate::runtime().spawn(async move {
+        let _live = live;
+        let stream = match smc::tokio::SmcStream::from_std(s) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "SMC-R stream not usable from tokio");
+                return;
+            }
+        };
+        let unix = match tokio::net::UnixStream::from_std(ours) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(error = %e, "socketpair not usable from tokio");
+                return;
+            }
+        };
+        pump(stream, unix, &c).await;
+        report::line(format_args!(
+            "close local={local} peer={peer} mode=SMC-R sent={} received={}",
+            c.sent.load(Ordering::Relaxed),
+            c.received.load(Ordering::Relaxed)
+        ));
+    });
+    report::line(format_args!(
+        "{event} local={local} peer={peer} mode=SMC-R info=\"{mode}\""
+    ));
+    Ok(OwnedFd::from(app))
+}
+
+/// The pump's buffer per direction.
+const CHUNK: usize = 64 * 1024;
+
+/// True when every descriptor of the application's end is closed (not just shut down
+/// for writing): our end then reports POLLHUP.
+fn peer_end_closed(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no waiting.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLHUP != 0
+}
+
+async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Counters) {
+    let ufd = unix.as_raw_fd();
+    let (mut sr, mut sw) = tokio::io::split(smc);
+    let (mut ur, mut uw) = unix.into_split();
+    // Application → SMC-R. Returns true when everything must end (the application
+    // closed its descriptor, or the connection failed).
+    let up = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match ur.read(&mut buf).await {
+                Ok(0) => {
+                    if peer_end_closed(ufd) {
+                        return true;
+                    }
+                    let _ = sw.shutdown().await;
+                    return false;
+                }
+                Ok(n) => {
+                    if sw.write_all(&buf[..n]).await.is_err() {
+                        return true;
+                    }
+                    c.sent.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(_) => return true,
+            }
+        }
+    };
+    // SMC-R → application.
+    let down = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match sr.read(&mut buf).await {
+                Ok(0) => {
+                    let _ = uw.shutdown().await;
+                    return false;
+                }
+                Ok(n) => {
+                    if uw.write_all(&buf[..n]).await.is_err() {
+                        return true;
+                    }
+                    c.received.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "SMC-R connection failed");
+                    return true;
+                }
+            }
+        }
+    };
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    while !(up_done && down_done) {
+        tokio::select! {
+            end = &mut up, if !up_done => {
+                up_done = true;
+                if end { break; }
+            }
+            end = &mut down, if !down_done => {
+                down_done = true;
+                if end { break; }
+            }
+        }
+    }
+    // Dropping the halves closes the SMC-R connection (RFC 7609 §4.8.1, or an abort
+    // with unread data) and our end of the socketpair.
+}
+
+/// How long a non-blocking `connect()` waits for the TCP handshake before it leaves the
+/// socket as plain TCP (`SMC_RS_PRELOAD_CONNECT_WAIT_MS`).
+fn connect_wait() -> Duration {
+    static W: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *W.get_or_init(|| {
+        std::env::var("SMC_RS_PRELOAD_CONNECT_WAIT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::from_secs(3))
+    })
+}
+
+/// Waits until `fd` is writable (a connect finished) or `t` passes.
+fn wait_writable(fd: c_int, t: Duration) -> bool {
+    let deadline = std::time::Instant::now() + t;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as c_int) };
+        if n == 1 {
+            return true;
+        }
+        if n == 0 || (n < 0 && real::errno() != libc::EINTR) {
+            return false;
+        }
+    }
+}
+
+/// `SMC_RS_LOCAL_ADDR`: the source address of client connections (as for the
+/// runtime's own connects), applied when the application did not bind.
+fn bind_local(fd: c_int, peer: &SocketAddr) {
+    let Some(ip) = std::env::var("SMC_RS_LOCAL_ADDR")
+        .ok()
+        .and_then(|v| v.parse::<std::net::IpAddr>().ok())
+    else {
+        return;
+    };
+    if ip.is_ipv4() != peer.is_ipv4() {
+        return;
+    }
+    // SAFETY: `fd` is the application's open socket, borrowed for this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let sock = socket2::SockRef::from(&fd);
+    let unbound = sock
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .is_some_and(|a| a.port() == 0 && a.ip().is_unspecified());
+    if unbound {
+        let _ = sock.bind(&SocketAddr::new(ip, 0).into());
+    }
+}
+
+/// The interposed `connect()` of a TCP socket: TCP handshake on the application's
+/// socket, then the SMC-R rendezvous on it; SMC-R puts the socketpair in its place,
+/// anything else leaves it the TCP connection it is. A non-blocking socket waits for
+/// the handshake (at most [`connect_wait`]) and returns 0.
+///
+/// # Safety
+/// `addr`/`len` as for connect(2); `fd` is an open TCP socket not in the table.
+pub(crate) unsafe fn connect(
+    stack: &Stack,
+    fd: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+    target: SocketAddr,
+    real_connect: unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int,
+) -> c_int {
+    let fl = real::fcntl_raw(fd, libc::F_GETFL, 0);
+    let nonblocking = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+    bind_local(fd, &target);
+    // SAFETY: `fd` is open for the duration of this call.
+    if let Err(e) = stack.mark_tcp_option(unsafe { BorrowedFd::borrow_raw(fd) }) {
+        tracing::debug!(error = %e, "cannot mark the socket for the SMC-R option");
+    }
+    // SAFETY: the caller's arguments, unchanged.
+    let r = unsafe { real_connect(fd, addr, len) };
+    if r != 0 {
+        let e = real::errno();
+        if !(nonblocking && e == libc::EINPROGRESS) {
+            return r;
+        }
+        if !wait_writable(fd, connect_wait()) {
+            report::line(format_args!(
+                "connect peer={target} mode=TCP info=\"TCP handshake not done within {:?}: stays TCP\"",
+                connect_wait()
+            ));
+            return real::fail(libc::EINPROGRESS);
+        }
+        match real::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR) {
+            Some(0) => {}
+            Some(err) => return real::fail(err),
+            None => return real::fail(libc::EINPROGRESS),
+        }
+    }
+    let nodelay = real::sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY);
+    let dup = real::fcntl_raw(fd, libc::F_DUPFD_CLOEXEC, 0);
+    if dup < 0 {
+        return 0;
+    }
+    // SAFETY: `dup` is a new descriptor that nothing else owns.
+    let tcp = unsafe { TcpStream::from_raw_fd(dup) };
+    let restore = || {
+        // The rendezvous made the (shared) file non-blocking and set TCP_NODELAY.
+        if fl >= 0 {
+            real::fcntl_raw(fd, libc::F_SETFL, fl as libc::c_ulong);
+        }
+        if let Some(v) = nodelay {
+            real::set_sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, v);
+        }
+    };
+    let s = match crate::guarded(|| SmcStream::from_connected_with(stack, tcp)) {
+        Ok(s) => s,
+        Err(e) => {
+            restore();
+            report::line(format_args!(
+                "connect peer={target} mode=failed info=\"{e}\""
+            ));
+            return real::fail(e.raw_os_error().unwrap_or(libc::ECONNRESET));
+        }
+    };
+    let s = match s.into_fallback() {
+        Ok((tcp, reason)) => {
+            drop(tcp);
+            restore();
+            report::line(format_args!(
+                "connect peer={target} mode=TCP info=\"{reason}\""
+            ));
+            return 0;
+        }
+        Err(s) => s,
+    };
+    let cloexec = real::fcntl_raw(fd, libc::F_GETFD, 0);
+    let (local, peer) = (s.local_addr(), s.peer_addr());
+    let entry = match (local, peer) {
+        (Ok(l), Ok(p)) => Arc::new(StreamEntry::new(l, p)),
+        (Err(e), _) | (_, Err(e)) => return real::fail(e.raw_os_error().unwrap_or(libc::EIO)),
+    };
+    let app = match start(s, "connect") {
+        Ok(x) => x,
+        Err(e) => {
+            // The SMC-R connection is gone with `s`; the TCP socket is its idle one.
+            return real::fail(e.raw_os_error().unwrap_or(libc::ENOBUFS));
+        }
+    };
+    let flags = if cloexec >= 0 && cloexec & libc::FD_CLOEXEC != 0 {
+        libc::O_CLOEXEC
+    } else {
+        0
+    };
+    // Put our end where the TCP socket was: the application keeps its number. The
+    // runtime holds its own descriptor of the TCP socket.
+    let old = crate::table::remove(fd);
+    if real::dup3_raw(app.as_raw_fd(), fd, flags) < 0 {
+        return real::fail(real::errno());
+    }
+    drop(app);
+    if fl >= 0 {
+        real::fcntl_raw(fd, libc::F_SETFL, (fl & libc::O_NONBLOCK) as libc::c_ulong);
+    }
+    let replaced = crate::table::insert(fd, crate::table::Entry::Stream(entry));
+    drop(old);
+    drop(replaced);
+    0
+}
+
+/// Turns an accepted descriptor into what `accept4(flags)` promises.
+pub(crate) fn apply_accept_flags(fd: &OwnedFd, flags: c_int) {
+    let raw = fd.as_raw_fd();
+    let fl = real::fcntl_raw(raw, libc::F_GETFL, 0);
+    if fl >= 0 {
+        let fl = if flags & libc::SOCK_NONBLOCK != 0 {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        real::fcntl_raw(raw, libc::F_SETFL, fl as libc::c_ulong);
+    }
+    let fdfl = if flags & libc::SOCK_CLOEXEC != 0 {
+        libc::FD_CLOEXEC
+    } else {
+        0
+    };
+    real::fcntl_raw(raw, libc::F_SETFD, fdfl as libc::c_ulong);
+}
+
+/// Gives a descriptor to the application.
+pub(crate) fn into_app(fd: OwnedFd) -> c_int {
+    fd.into_raw_fd()
+}

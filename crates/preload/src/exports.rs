@@ -1,0 +1,411 @@
+//! The interposed symbols. Each one is libc's function unless the descriptor is ours
+//! (the table) or, for connect/listen, a TCP socket the runtime should take.
+//!
+//! # Safety (for every function here)
+//! The caller follows the C prototype of the libc function of the same name
+//! (pointers valid for the lengths given), as any caller of libc must.
+
+use std::os::fd::AsRawFd;
+
+use libc::{c_ulong, c_void};
+
+use super::*;
+use crate::table::Entry;
+
+/// -1/ENOSYS: libc does not define the function (it always does on glibc and musl).
+fn missing() -> c_int {
+    real::fail(libc::ENOSYS)
+}
+
+/// Drops table entries after the call, keeping the call's errno.
+fn drop_keeping_errno<T>(v: T) {
+    let e = real::errno();
+    drop(v);
+    real::set_errno(e);
+}
+
+/// connect(2).
+///
+/// # Safety
+/// As for connect(2).
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let Some(real_connect) = real::connect() else {
+        return missing();
+    };
+    match table::lookup(fd) {
+        Some(Entry::Stream(_)) => return real::fail(libc::EISCONN),
+        Some(Entry::Listener(_)) => return real::fail(libc::EINVAL),
+        None => {}
+    }
+    // SAFETY: the caller's arguments.
+    let target = unsafe { inet_addr(addr, len) };
+    let stack = match target {
+        Some(_) if is_tcp(fd) => stack(),
+        _ => None,
+    };
+    match (stack, target) {
+        // SAFETY: the caller's arguments; `fd` is a TCP socket not in the table.
+        (Some(s), Some(t)) => unsafe { conn::connect(s, fd, addr, len, t, real_connect) },
+        // SAFETY: the caller's arguments.
+        _ => unsafe { real_connect(fd, addr, len) },
+    }
+}
+
+/// listen(2).
+///
+/// # Safety
+/// As for listen(2).
+#[no_mangle]
+pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
+    let Some(real_listen) = real::listen() else {
+        return missing();
+    };
+    match table::lookup(fd) {
+        // Listening again only changes the backlog; the runtime's is fixed.
+        Some(Entry::Listener(_)) => return 0,
+        Some(Entry::Stream(_)) => return real::fail(libc::EINVAL),
+        None => {}
+    }
+    match is_tcp(fd).then(stack).flatten() {
+        Some(s) => listen::listen(s, fd, backlog, real_listen),
+        // SAFETY: the caller's arguments.
+        None => unsafe { real_listen(fd, backlog) },
+    }
+}
+
+/// accept(2).
+///
+/// # Safety
+/// As for accept(2).
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    match table::lookup(fd) {
+        // SAFETY: the caller's arguments.
+        Some(Entry::Listener(_)) => unsafe { listen::accept(fd, addr, len, 0) },
+        Some(Entry::Stream(_)) => real::fail(libc::EINVAL),
+        None => match real::accept() {
+            // SAFETY: the caller's arguments.
+            Some(f) => unsafe { f(fd, addr, len) },
+            None => missing(),
+        },
+    }
+}
+
+/// accept4(2).
+///
+/// # Safety
+/// As for accept4(2).
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    match table::lookup(fd) {
+        Some(Entry::Listener(_)) => {
+            if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
+                return real::fail(libc::EINVAL);
+            }
+            // SAFETY: the caller's arguments.
+            unsafe { listen::accept(fd, addr, len, flags) }
+        }
+        Some(Entry::Stream(_)) => real::fail(libc::EINVAL),
+        None => match real::accept4() {
+            // SAFETY: the caller's arguments.
+            Some(f) => unsafe { f(fd, addr, len, flags) },
+            None => missing(),
+        },
+    }
+}
+
+/// close(2).
+///
+/// # Safety
+/// As for close(2).
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let removed = table::remove(fd);
+    let r = match real::close() {
+        // SAFETY: the caller's argument.
+        Some(f) => unsafe { f(fd) },
+        None => missing(),
+    };
+    drop_keeping_errno(removed);
+    r
+}
+
+/// dup(2).
+///
+/// # Safety
+/// As for dup(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    let Some(f) = real::dup() else {
+        return missing();
+    };
+    // SAFETY: the caller's argument.
+    let r = unsafe { f(fd) };
+    if r >= 0 {
+        drop_keeping_errno(table::duplicated(fd, r));
+    }
+    r
+}
+
+/// dup2(2).
+///
+/// # Safety
+/// As for dup2(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    let Some(f) = real::dup2() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments.
+    let r = unsafe { f(old, new) };
+    if r >= 0 && old != new {
+        let gone = table::remove(new);
+        let dup = table::duplicated(old, new);
+        drop_keeping_errno((gone, dup));
+    }
+    r
+}
+
+/// dup3(2).
+///
+/// # Safety
+/// As for dup3(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    let Some(f) = real::dup3() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments.
+    let r = unsafe { f(old, new, flags) };
+    if r >= 0 {
+        let gone = table::remove(new);
+        let dup = table::duplicated(old, new);
+        drop_keeping_errno((gone, dup));
+    }
+    r
+}
+
+fn fcntl_common(
+    f: Option<unsafe extern "C" fn(c_int, c_int, c_ulong) -> c_int>,
+    fd: c_int,
+    cmd: c_int,
+    arg: c_ulong,
+) -> c_int {
+    let Some(f) = f else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments, passed on as they came (see `fcntl`).
+    let r = unsafe { f(fd, cmd, arg) };
+    if r >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+        drop_keeping_errno(table::duplicated(fd, r));
+    }
+    r
+}
+
+/// fcntl(2). C declares it variadic; its one optional argument is an int or a pointer,
+/// which the x86-64 and AArch64 Linux ABIs pass in the same integer register as a
+/// fixed third argument, so taking and passing it as `c_ulong` forwards it unchanged.
+///
+/// # Safety
+/// As for fcntl(2).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    fcntl_common(real::fcntl(), fd, cmd, arg)
+}
+
+/// fcntl64 (glibc's name for fcntl with 64-bit file offsets; same argument rule).
+///
+/// # Safety
+/// As for fcntl(2).
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    fcntl_common(real::fcntl64(), fd, cmd, arg)
+}
+
+/// getsockname(2).
+///
+/// # Safety
+/// As for getsockname(2).
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let a = match table::lookup(fd) {
+        Some(Entry::Stream(s)) => s.local,
+        Some(Entry::Listener(l)) => l.local,
+        None => {
+            return match real::getsockname() {
+                // SAFETY: the caller's arguments.
+                Some(f) => unsafe { f(fd, addr, len) },
+                None => missing(),
+            };
+        }
+    };
+    if addr.is_null() || len.is_null() {
+        return real::fail(libc::EFAULT);
+    }
+    // SAFETY: the caller's buffer.
+    unsafe { listen::write_addr(&a, addr, len) };
+    0
+}
+
+/// getpeername(2).
+///
+/// # Safety
+/// As for getpeername(2).
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    let a = match table::lookup(fd) {
+        Some(Entry::Stream(s)) => s.peer,
+        Some(Entry::Listener(_)) => return real::fail(libc::ENOTCONN),
+        None => {
+            return match real::getpeername() {
+                // SAFETY: the caller's arguments.
+                Some(f) => unsafe { f(fd, addr, len) },
+                None => missing(),
+            };
+        }
+    };
+    if addr.is_null() || len.is_null() {
+        return real::fail(libc::EFAULT);
+    }
+    // SAFETY: the caller's buffer.
+    unsafe { listen::write_addr(&a, addr, len) };
+    0
+}
+
+/// Writes an int option value as getsockopt(2) does.
+///
+/// # Safety
+/// `val`/`len` valid as for getsockopt(2).
+unsafe fn put_int(v: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+    if val.is_null() || len.is_null() {
+        return real::fail(libc::EFAULT);
+    }
+    let b = v.to_ne_bytes();
+    // SAFETY: `len` points to the buffer's size.
+    let n = (unsafe { *len } as usize).min(b.len());
+    // SAFETY: `val` has room for `*len` ≥ `n` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(b.as_ptr(), val.cast::<u8>(), n);
+        *len = n as socklen_t;
+    }
+    0
+}
+
+/// getsockopt(2). On an SMC-R stream: SO_DOMAIN/SO_PROTOCOL say TCP; other SOL_SOCKET
+/// options are the socketpair end's (SO_ERROR, SO_RCVBUF, ...); IP/IPv6/TCP options give
+/// back what was set (0 if never set). On a listener: the listening TCP socket's.
+///
+/// # Safety
+/// As for getsockopt(2).
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    let Some(f) = real::getsockopt() else {
+        return missing();
+    };
+    match table::lookup(fd) {
+        // SAFETY: the caller's arguments.
+        None => unsafe { f(fd, level, name, val, len) },
+        // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
+        Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
+        Some(Entry::Stream(s)) => {
+            if level == libc::SOL_SOCKET {
+                return match name {
+                    libc::SO_DOMAIN => {
+                        let d = if s.local.is_ipv4() {
+                            libc::AF_INET
+                        } else {
+                            libc::AF_INET6
+                        };
+                        // SAFETY: the caller's buffer.
+                        unsafe { put_int(d, val, len) }
+                    }
+                    // SAFETY: the caller's buffer.
+                    libc::SO_PROTOCOL => unsafe { put_int(libc::IPPROTO_TCP, val, len) },
+                    // SAFETY: the caller's arguments on the socketpair end.
+                    _ => unsafe { f(fd, level, name, val, len) },
+                };
+            }
+            if val.is_null() || len.is_null() {
+                return real::fail(libc::EFAULT);
+            }
+            let stored = s.opts.lock().ok().and_then(|o| {
+                o.iter()
+                    .find(|(k, _)| *k == (level, name))
+                    .map(|(_, v)| v.clone())
+            });
+            match stored {
+                Some(v) => {
+                    // SAFETY: `len` points to the buffer's size, `val` has that room.
+                    unsafe {
+                        let n = (*len as usize).min(v.len());
+                        std::ptr::copy_nonoverlapping(v.as_ptr(), val.cast::<u8>(), n);
+                        *len = n as socklen_t;
+                    }
+                    0
+                }
+                None if level == libc::IPPROTO_TCP && name == libc::TCP_INFO => {
+                    real::fail(libc::EOPNOTSUPP)
+                }
+                // SAFETY: the caller's buffer.
+                None => unsafe { put_int(0, val, len) },
+            }
+        }
+    }
+}
+
+/// setsockopt(2). On an SMC-R stream: SOL_SOCKET options go to the socketpair end
+/// (SO_RCVBUF/SO_SNDBUF size its buffers); IP/IPv6/TCP options are kept for getsockopt
+/// and have no effect (the pump sends at once, as with TCP_NODELAY). On a listener: the
+/// listening TCP socket's.
+///
+/// # Safety
+/// As for setsockopt(2).
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let Some(f) = real::setsockopt() else {
+        return missing();
+    };
+    match table::lookup(fd) {
+        // SAFETY: the caller's arguments.
+        None => unsafe { f(fd, level, name, val, len) },
+        // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
+        Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
+        Some(Entry::Stream(s)) => {
+            if level == libc::SOL_SOCKET {
+                // SAFETY: the caller's arguments on the socketpair end.
+                let r = unsafe { f(fd, level, name, val, len) };
+                if r == 0 || !matches!(real::errno(), libc::EOPNOTSUPP | libc::ENOPROTOOPT) {
+                    return r;
+                }
+            }
+            if val.is_null() {
+                return real::fail(libc::EFAULT);
+            }
+            // SAFETY: `val` is valid for `len` bytes.
+            let v = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), len as usize) }.to_vec();
+            if let Ok(mut o) = s.opts.lock() {
+                o.retain(|(k, _)| *k != (level, name));
+                o.push(((level, name), v));
+            }
+            0
+        }
+    }
+}

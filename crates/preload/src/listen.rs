@@ -1,0 +1,386 @@
+//! SMC listeners: the interposed `listen()` and `accept()`.
+//!
+//! The runtime's event thread accepts on the TCP socket and runs each rendezvous
+//! (RFC 7609 §3.5.1) before `accept()` may return it, so the listening socket's own
+//! readiness would say "a connection is waiting" too early, and never again once the
+//! runtime took it. The application's descriptor of a listener is therefore one end of
+//! an AF_UNIX SOCK_SEQPACKET socketpair: for each finished rendezvous the accept task
+//! sends one message on the other end — the addresses, and the connection's descriptor
+//! (SMC-R: a socketpair end, see [`crate::conn`]; TCP fallback: the TCP socket) as
+//! SCM_RIGHTS — and `accept()` is a `recvmsg()`. So poll/select/epoll on the listener
+//! are readable exactly when `accept()` has something, a blocking `accept()` sleeps in
+//! the kernel, O_NONBLOCK gives EAGAIN, and any process holding the descriptor can
+//! accept — the workers of a pre-forking server too (the pumps stay in the process that
+//! listened).
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use libc::{c_int, sockaddr, socklen_t};
+use smc::{SmcListener, Stack};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::conn::{self, StreamEntry};
+use crate::report;
+use crate::{real, table};
+
+/// An SMC listener the application holds (table entry of its descriptor).
+pub(crate) struct ListenerEntry {
+    pub local: SocketAddr,
+    /// Our descriptor of the listening TCP socket: socket options go there.
+    pub tcp: OwnedFd,
+    task: Option<tokio::task::AbortHandle>,
+    owner: u32,
+}
+
+impl Drop for ListenerEntry {
+    fn drop(&mut self) {
+        let task = self.task.take();
+        if std::process::id() == self.owner {
+            // Stops accepting: the SmcListener is dropped with the task.
+            if let Some(t) = task {
+                t.abort();
+            }
+        } else {
+            // A forked child: the runtime is the parent's.
+            std::mem::forget(task);
+        }
+    }
+}
+
+/// The interposed `listen()` of a bound TCP socket: the runtime takes the listening
+/// socket and our socketpair end takes its number.
+pub(crate) fn listen(
+    stack: &Stack,
+    fd: c_int,
+    backlog: c_int,
+    real_listen: unsafe extern "C" fn(c_int, c_int) -> c_int,
+) -> c_int {
+    // SAFETY: `fd` is the application's open socket for the duration of this call.
+    if let Err(e) = stack.mark_tcp_option(unsafe { BorrowedFd::borrow_raw(fd) }) {
+        tracing::debug!(error = %e, "cannot mark the listener for the SMC-R option");
+    }
+    // SAFETY: the caller's arguments.
+    let r = unsafe { real_listen(fd, backlog) };
+    if r != 0 {
+        return r;
+    }
+    let fl = real::fcntl_raw(fd, libc::F_GETFL, 0);
+    match adopt(stack, fd) {
+        Ok(local) => {
+            report::line(format_args!("listen local={local} mode=SMC"));
+        }
+        Err(e) => {
+            // The socket stays the program's TCP listener, as it set it (the runtime,
+            // had it started, made the shared file non-blocking).
+            if fl >= 0 {
+                real::fcntl_raw(fd, libc::F_SETFL, fl as libc::c_ulong);
+            }
+            report::line(format_args!("listen fd={fd} mode=TCP info=\"{e}\""));
+        }
+    }
+    0
+}
+
+fn dup_cloexec(fd: c_int) -> io::Result<OwnedFd> {
+    let d = real::fcntl_raw(fd, libc::F_DUPFD_CLOEXEC, 0);
+    if d < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `d` is a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(d) })
+}
+
+fn adopt(stack: &Stack, fd: c_int) -> io::Result<SocketAddr> {
+    let fl = real::fcntl_raw(fd, libc::F_GETFL, 0);
+    let fdfl = real::fcntl_raw(fd, libc::F_GETFD, 0);
+    let ours = dup_cloexec(fd)?;
+    let runtime_fd = dup_cloexec(fd)?;
+    let l = TcpListener::from(runtime_fd);
+    let local = l.local_addr()?;
+    let mut pair = [-1 as c_int; 2];
+    // SAFETY: `pair` has room for the two descriptors.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and ours.
+    let (app, feed) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    let ffl = real::fcntl_raw(feed.as_raw_fd(), libc::F_GETFL, 0);
+    real::fcntl_raw(
+        feed.as_raw_fd(),
+        libc::F_SETFL,
+        (ffl | libc::O_NONBLOCK) as libc::c_ulong,
+    );
+    let smc_l = crate::guarded(|| SmcListener::from_listening_with(stack, l))?;
+    // The number the application knows becomes our socketpair end; the runtime and
+    // `ours` keep the TCP socket.
+    let cloexec = if fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0 {
+        libc::O_CLOEXEC
+    } else {
+        0
+    };
+    if real::dup3_raw(app.as_raw_fd(), fd, cloexec) < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    drop(app);
+    if fl >= 0 {
+        real::fcntl_raw(fd, libc::F_SETFL, (fl & libc::O_NONBLOCK) as libc::c_ulong);
+    }
+    let task = crate::runtime().spawn(async move {
+        // SAFETY: an OwnedFd stays open, on the same file, and returns the same number
+        // for as long as the AsyncFd owns it.
+        let feed = match unsafe { AsyncFd::register_with_interest(feed, Interest::WRITABLE) }
+            .map_err(io::Error::from)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "listener socketpair not usable from tokio");
+                return;
+            }
+        };
+        accept_loop(smc::tokio::SmcListener::from_std(smc_l), feed, local).await;
+    });
+    let entry = ListenerEntry {
+        local,
+        tcp: ours,
+        task: Some(task.abort_handle()),
+        owner: std::process::id(),
+    };
+    drop(table::insert(fd, table::Entry::Listener(Arc::new(entry))));
+    Ok(local)
+}
+
+/// One finished rendezvous as a message: "S" (SMC-R) or "T" (TCP), our address and the
+/// peer's, separated by spaces; the descriptor rides along as SCM_RIGHTS.
+fn encode(smc: bool, local: &SocketAddr, peer: &SocketAddr) -> String {
+    format!("{} {local} {peer}", if smc { 'S' } else { 'T' })
+}
+
+fn decode(msg: &[u8]) -> Option<(bool, SocketAddr, SocketAddr)> {
+    let text = std::str::from_utf8(msg).ok()?;
+    let mut it = text.split(' ');
+    let smc = match it.next()? {
+        "S" => true,
+        "T" => false,
+        _ => return None,
+    };
+    Some((smc, it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// Room for one descriptor's control message.
+const CMSG_ROOM: usize = 64;
+
+/// sendmsg of `msg` with `fd` attached.
+fn send_fd(sock: RawFd, msg: &[u8], fd: RawFd) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: msg.as_ptr() as *mut libc::c_void,
+        iov_len: msg.len(),
+    };
+    let mut cbuf = [0u64; CMSG_ROOM / 8];
+    // SAFETY: a zeroed msghdr is valid; the fields set below point to live buffers.
+    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+    h.msg_iov = &mut iov;
+    h.msg_iovlen = 1;
+    h.msg_control = cbuf.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is arithmetic.
+    h.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) } as usize;
+    // SAFETY: the control buffer (64 bytes, 8-aligned) holds one cmsghdr with one int,
+    // which CMSG_FIRSTHDR/CMSG_DATA address inside it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&h);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>(), fd);
+    }
+    // SAFETY: `h` describes valid buffers.
+    let n = unsafe { libc::sendmsg(sock, &h, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// recvmsg of one message and its descriptor (close-on-exec): blocks or not as the
+/// descriptor is set.
+fn recv_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; CMSG_ROOM / 8];
+    // SAFETY: a zeroed msghdr is valid; the fields set below point to live buffers.
+    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+    h.msg_iov = &mut iov;
+    h.msg_iovlen = 1;
+    h.msg_control = cbuf.as_mut_ptr().cast();
+    h.msg_controllen = CMSG_ROOM;
+    // SAFETY: `h` describes valid buffers.
+    let n = unsafe { libc::recvmsg(sock, &mut h, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: the kernel filled `h.msg_control`; CMSG_FIRSTHDR/NXTHDR walk inside it.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<c_int>());
+                // The kernel installed `raw` in this process for us.
+                fd = Some(OwnedFd::from_raw_fd(raw));
+            }
+            c = libc::CMSG_NXTHDR(&h, c);
+        }
+    }
+    Ok((n as usize, fd))
+}
+
+async fn accept_loop(l: smc::tokio::SmcListener, feed: AsyncFd<OwnedFd>, local: SocketAddr) {
+    loop {
+        let (s, peer) = l.accept_std().await;
+        let (fd, msg) = match s.into_fallback() {
+            Ok((tcp, reason)) => {
+                let local = tcp.local_addr().unwrap_or(local);
+                report::line(format_args!(
+                    "accept local={local} peer={peer} mode=TCP info=\"{reason}\""
+                ));
+                (OwnedFd::from(tcp), encode(false, &local, &peer))
+            }
+            Err(s) => {
+                let local = s.local_addr().unwrap_or(local);
+                match conn::start(s, "accept") {
+                    Ok(fd) => (fd, encode(true, &local, &peer)),
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "cannot hand an SMC-R connection over");
+                        continue;
+                    }
+                }
+            }
+        };
+        // Our descriptor goes once the message holds its own reference.
+        loop {
+            let mut guard = match feed.writable().await {
+                Ok(g) => g,
+                Err(_) => return,
+            };
+            match guard.try_io(|f| send_fd(f.as_raw_fd(), msg.as_bytes(), fd.as_raw_fd())) {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => match e.raw_os_error() {
+                    // Every descriptor of the application's end is closed: nobody will
+                    // accept (the listener's table entry stops this task as well).
+                    Some(libc::EPIPE | libc::ECONNREFUSED | libc::ECONNRESET) => return,
+                    // E.g. too many descriptors in flight: this connection is closed,
+                    // as a full backlog would drop it.
+                    _ => {
+                        tracing::warn!(%peer, error = %e, "cannot queue a connection for accept()");
+                        break;
+                    }
+                },
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+/// Writes `a` to the caller's sockaddr buffer as accept(2)/getsockname(2) do.
+///
+/// # Safety
+/// `addr`/`len` are null or valid as for accept(2).
+pub(crate) unsafe fn write_addr(a: &SocketAddr, addr: *mut sockaddr, len: *mut socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    let sa = socket2::SockAddr::from(*a);
+    // SAFETY: the caller guarantees `len` points to the buffer's size.
+    let cap = unsafe { *len } as usize;
+    let n = (sa.len() as usize).min(cap);
+    // SAFETY: `addr` has room for `cap` ≥ `n` bytes; `sa` holds `sa.len()` ≥ `n`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(sa.as_ptr().cast::<u8>(), addr.cast::<u8>(), n);
+        *len = sa.len();
+    }
+}
+
+/// The interposed `accept4()` on an SMC listener: the next message of the accept task,
+/// in whichever process holds the descriptor.
+///
+/// # Safety
+/// `addr`/`len` as for accept4(2).
+pub(crate) unsafe fn accept(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let mut buf = [0u8; 160];
+    let (got, local, peer, smc) = loop {
+        let (n, got) = match recv_fd(fd, &mut buf) {
+            Ok(x) => x,
+            Err(e) => return real::fail(e.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        match (got, decode(&buf[..n])) {
+            (Some(got), Some((smc, local, peer))) => break (got, local, peer, smc),
+            // Not one of ours (nothing else writes there); its descriptor, if any, is
+            // closed with it.
+            _ => continue,
+        }
+    };
+    conn::apply_accept_flags(&got, flags);
+    // SAFETY: the caller's buffer.
+    unsafe { write_addr(&peer, addr, len) };
+    if smc {
+        let entry = Arc::new(StreamEntry::new(local, peer));
+        drop(table::insert(got.as_raw_fd(), table::Entry::Stream(entry)));
+    }
+    conn::into_app(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_junk_is_refused() {
+        let l: SocketAddr = "127.0.0.2:80".parse().unwrap();
+        let p: SocketAddr = "[::1]:5000".parse().unwrap();
+        for smc in [true, false] {
+            assert_eq!(decode(encode(smc, &l, &p).as_bytes()), Some((smc, l, p)));
+        }
+        for junk in [
+            "",
+            "S",
+            "X 127.0.0.2:80 [::1]:5000",
+            "S 127.0.0.2:80",
+            "S a b",
+        ] {
+            assert_eq!(decode(junk.as_bytes()), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn a_descriptor_crosses_the_socketpair() {
+        let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let f = std::fs::File::open("/dev/null").unwrap();
+        send_fd(a.as_raw_fd(), b"T 127.0.0.1:1 127.0.0.1:2", f.as_raw_fd()).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, fd) = recv_fd(b.as_raw_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"T 127.0.0.1:1 127.0.0.1:2");
+        let fd = fd.expect("a descriptor");
+        assert_ne!(fd.as_raw_fd(), f.as_raw_fd());
+        let cloexec = real::fcntl_raw(fd.as_raw_fd(), libc::F_GETFD, 0);
+        assert_ne!(cloexec & libc::FD_CLOEXEC, 0, "MSG_CMSG_CLOEXEC");
+    }
+}

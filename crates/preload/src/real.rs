@@ -1,0 +1,109 @@
+//! The functions we interpose, as the next object in the lookup order (libc) defines
+//! them: `dlsym(RTLD_NEXT, name)`, resolved once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libc::{c_int, c_ulong, c_void, sockaddr, socklen_t};
+
+macro_rules! real {
+    ($($name:ident: fn($($a:ty),*) -> $r:ty;)*) => {$(
+        /// The next definition of this symbol (libc's), or `None` if there is none.
+        pub(crate) fn $name() -> Option<unsafe extern "C" fn($($a),*) -> $r> {
+            static P: AtomicUsize = AtomicUsize::new(0);
+            let mut p = P.load(Ordering::Relaxed);
+            if p == 0 {
+                // SAFETY: the name is a NUL-terminated literal; RTLD_NEXT is a valid
+                // handle for a shared object (this library is one).
+                p = unsafe {
+                    libc::dlsym(libc::RTLD_NEXT, concat!(stringify!($name), "\0").as_ptr().cast())
+                } as usize;
+                if p == 0 {
+                    return None;
+                }
+                P.store(p, Ordering::Relaxed);
+            }
+            // SAFETY: `p` is the address of libc's function of this C signature (the
+            // prototypes in <sys/socket.h>, <unistd.h>, <fcntl.h>; fcntl's variadic
+            // argument is passed as one integer register, see lib.rs `fcntl`).
+            Some(unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($a),*) -> $r>(p) })
+        }
+    )*};
+}
+
+real! {
+    connect: fn(c_int, *const sockaddr, socklen_t) -> c_int;
+    listen: fn(c_int, c_int) -> c_int;
+    accept: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+    accept4: fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
+    close: fn(c_int) -> c_int;
+    dup: fn(c_int) -> c_int;
+    dup2: fn(c_int, c_int) -> c_int;
+    dup3: fn(c_int, c_int, c_int) -> c_int;
+    fcntl: fn(c_int, c_int, c_ulong) -> c_int;
+    fcntl64: fn(c_int, c_int, c_ulong) -> c_int;
+    getsockname: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+    getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+    getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
+    setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
+}
+
+/// `errno` of this thread.
+pub(crate) fn errno() -> c_int {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets `errno` of this thread.
+pub(crate) fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// -1 with `errno` = `e`: what a failing libc call returns.
+pub(crate) fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+/// An integer socket option through libc's getsockopt (not ours).
+pub(crate) fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+    let f = getsockopt()?;
+    let mut v: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: `v` and `len` are valid for writes of the sizes given.
+    let r = unsafe { f(fd, level, name, (&mut v as *mut c_int).cast(), &mut len) };
+    (r == 0).then_some(v)
+}
+
+/// Sets an integer socket option through libc's setsockopt.
+pub(crate) fn set_sockopt_int(fd: c_int, level: c_int, name: c_int, v: c_int) -> bool {
+    let Some(f) = setsockopt() else { return false };
+    // SAFETY: `v` is valid for reads of its size.
+    unsafe {
+        f(
+            fd,
+            level,
+            name,
+            (&v as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as socklen_t,
+        ) == 0
+    }
+}
+
+/// `fcntl(fd, cmd, arg)` through libc's fcntl.
+pub(crate) fn fcntl_raw(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    match fcntl() {
+        // SAFETY: F_GETFL/F_SETFL/F_GETFD/F_SETFD/F_DUPFD_CLOEXEC take an integer.
+        Some(f) => unsafe { f(fd, cmd, arg) },
+        None => fail(libc::ENOSYS),
+    }
+}
+
+/// `dup3` through libc's dup3 (our interposer would update the table).
+pub(crate) fn dup3_raw(old: c_int, new: c_int, flags: c_int) -> c_int {
+    match dup3() {
+        // SAFETY: plain integer arguments.
+        Some(f) => unsafe { f(old, new, flags) },
+        None => fail(libc::ENOSYS),
+    }
+}

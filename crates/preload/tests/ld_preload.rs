@@ -1,0 +1,347 @@
+//! The library under LD_PRELOAD: this test binary runs itself again with
+//! libsmc_preload.so preloaded (the `child` test, ignored in normal runs) and the child
+//! drives the socket API through std and libc as any program would — blocking and
+//! non-blocking connect/accept, poll, level- and edge-triggered epoll, MSG_PEEK, shutdown, dup, socket
+//! options, getsockname/getpeername, FIONREAD, a forked child writing on an inherited
+//! descriptor, a forked child accepting on an inherited listener — over SMC-R between a listener and clients in the one process (one stack
+//! talks to itself, SMC_RS_SKIP_TCP_OPTION, no eBPF). The parent checks the child's exit
+//! status and the SMC_RS_STATS lines: every connection SMC-R on both ends.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// Loopback addresses private to this test process (each address's UDP 4791 is taken
+/// by the software RNIC of the process that uses it).
+fn ip(host: u8) -> String {
+    let pid = std::process::id();
+    format!("127.{}.{}.{host}", 100 + pid % 100, (pid / 100) % 250)
+}
+
+/// libsmc_preload.so of this build. Integration tests do not depend on a cdylib, so
+/// `cargo test` has not built it: build it now, into the same target directory and
+/// profile (cargo does nothing when it is up to date).
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/ld_preload-HASH → target/<profile>/libsmc_preload.so
+    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+    let target_dir = profile_dir.parent().unwrap();
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .args(["build", "--offline", "-q", "-p", "smc-preload", "--lib"])
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_dir);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let st = build.status().expect("cargo build -p smc-preload");
+    assert!(st.success(), "cargo build -p smc-preload: {st}");
+    let p = profile_dir.join("libsmc_preload.so");
+    assert!(p.is_file(), "{} not built", p.display());
+    p
+}
+
+#[test]
+fn socket_api_under_ld_preload() {
+    let stats = std::env::temp_dir().join(format!("smc-preload-test-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&stats);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LD_PRELOAD", library())
+        .env("SMC_RS_SKIP_TCP_OPTION", "127.0.0.0/8:*")
+        .env("SMC_RS_LOCAL_ADDR", ip(1))
+        .env("SMC_RS_STATS", &stats)
+        .env("SMC_PRELOAD_TEST_SERVER", ip(2))
+        .output()
+        .unwrap();
+    let log = std::fs::read_to_string(&stats).unwrap_or_default();
+    let _ = std::fs::remove_file(&stats);
+    assert!(
+        out.status.success(),
+        "child failed: {}\n--- stdout\n{}\n--- stderr\n{}\n--- stats\n{log}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    // Six connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child), each seen by the connecting and the
+    // accepting side, each pump finished by the exit.
+    assert_eq!(count(" connect "), 6, "{log}");
+    assert_eq!(count(" accept "), 6, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 12, "{log}");
+    assert_eq!(count(" close "), 12, "{log}");
+    assert!(!log.contains("mode=TCP"), "{log}");
+}
+
+fn poll1(fd: i32, events: i16, ms: i32) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
+    p.revents
+}
+
+fn echo_once(s: &mut TcpStream) {
+    let mut b = [0u8; 5];
+    s.read_exact(&mut b).unwrap();
+    s.write_all(&b).unwrap();
+}
+
+#[test]
+#[ignore = "run by socket_api_under_ld_preload, under LD_PRELOAD"]
+fn child() {
+    let server = std::env::var("SMC_PRELOAD_TEST_SERVER").expect("run by the parent test");
+    let l = TcpListener::bind(format!("{server}:0")).unwrap();
+    let addr = l.local_addr().unwrap();
+    assert_eq!(addr.ip().to_string(), server, "getsockname of the listener");
+
+    // 1. Blocking connect and accept; addresses; data both ways; half-close.
+    let mut c = TcpStream::connect(addr).unwrap();
+    let (mut s, peer) = l.accept().unwrap();
+    assert_eq!(c.local_addr().unwrap(), peer, "getsockname = accept's peer");
+    assert_eq!(c.peer_addr().unwrap(), addr);
+    assert_eq!(s.peer_addr().unwrap(), peer);
+    assert_eq!(s.local_addr().unwrap(), addr);
+    c.write_all(b"hello").unwrap();
+    echo_once(&mut s);
+    let mut b = [0u8; 5];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hello");
+    c.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "EOF after the peer's shutdown(SHUT_WR)");
+    s.write_all(b"after").unwrap();
+    drop(s);
+    let mut tail = Vec::new();
+    c.read_to_end(&mut tail).unwrap();
+    assert_eq!(tail, b"after", "data after our half-close, then EOF");
+
+    // 2. Non-blocking: accept with nothing queued, poll on the listener, a
+    // non-blocking connect (waits for the handshake, returns 0), reads that would block.
+    l.set_nonblocking(true).unwrap();
+    assert_eq!(l.accept().unwrap_err().kind(), ErrorKind::WouldBlock);
+    assert_eq!(
+        poll1(l.as_raw_fd(), libc::POLLIN, 0),
+        0,
+        "no connection yet"
+    );
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_nonblocking(true).unwrap();
+    match sock.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+            assert_ne!(
+                poll1(sock.as_raw_fd(), libc::POLLOUT, 10_000) & libc::POLLOUT,
+                0
+            );
+            assert!(sock.take_error().unwrap().is_none());
+        }
+        Err(e) => panic!("non-blocking connect: {e}"),
+    }
+    let c2 = TcpStream::from(sock);
+    assert_ne!(
+        poll1(l.as_raw_fd(), libc::POLLIN, 10_000) & libc::POLLIN,
+        0,
+        "listener readable"
+    );
+    let (s2, _) = l.accept().unwrap();
+    // accept() does not inherit O_NONBLOCK: std's accept gives a blocking stream.
+    s2.set_nonblocking(true).unwrap();
+    let mut one = [0u8; 1];
+    assert_eq!(
+        (&s2).read(&mut one).unwrap_err().kind(),
+        ErrorKind::WouldBlock
+    );
+    assert_eq!(
+        (&c2).read(&mut one).unwrap_err().kind(),
+        ErrorKind::WouldBlock
+    );
+    (&c2).write_all(b"x").unwrap();
+    assert_ne!(
+        poll1(s2.as_raw_fd(), libc::POLLIN, 10_000) & libc::POLLIN,
+        0
+    );
+    assert_eq!((&s2).read(&mut one).unwrap(), 1);
+
+    // 3. Level-triggered epoll: readable until drained; FIONREAD counts what is there.
+    // SAFETY: plain flags.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0);
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 7,
+    };
+    // SAFETY: valid epoll fd, stream fd and event.
+    assert_eq!(
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s2.as_raw_fd(), &mut ev) },
+        0
+    );
+    let wait = |ms| {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: `evs` has room for 4 events.
+        let n = unsafe { libc::epoll_wait(ep, evs.as_mut_ptr(), 4, ms) };
+        assert!(n >= 0);
+        n
+    };
+    assert_eq!(wait(0), 0, "nothing to read");
+    (&c2).write_all(b"abcd").unwrap();
+    assert_eq!(wait(10_000), 1);
+    let mut avail: libc::c_int = 0;
+    for _ in 0..1000 {
+        // SAFETY: FIONREAD writes one int.
+        assert_eq!(
+            unsafe { libc::ioctl(s2.as_raw_fd(), libc::FIONREAD, &mut avail) },
+            0
+        );
+        if avail == 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(avail, 4, "FIONREAD");
+    let mut two = [0u8; 2];
+    (&s2).read_exact(&mut two).unwrap();
+    assert_eq!(wait(0), 1, "level-triggered: still readable");
+    (&s2).read_exact(&mut two).unwrap();
+    assert_eq!(&two, b"cd");
+    assert_eq!(wait(0), 0, "drained");
+    // Edge-triggered: one event per arrival, none while the data just sits there;
+    // MSG_PEEK leaves it for the next read.
+    ev.events = (libc::EPOLLIN | libc::EPOLLET) as u32;
+    // SAFETY: as for EPOLL_CTL_ADD.
+    assert_eq!(
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_MOD, s2.as_raw_fd(), &mut ev) },
+        0
+    );
+    (&c2).write_all(b"ef").unwrap();
+    assert_eq!(wait(10_000), 1);
+    assert_eq!(
+        wait(0),
+        0,
+        "edge-triggered: no second event for the same data"
+    );
+    let mut peek = [0u8; 2];
+    for _ in 0..1000 {
+        // SAFETY: receives into `peek` without consuming.
+        let n = unsafe { libc::recv(s2.as_raw_fd(), peek.as_mut_ptr().cast(), 2, libc::MSG_PEEK) };
+        if n == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(&peek, b"ef", "MSG_PEEK");
+    (&s2).read_exact(&mut two).unwrap();
+    assert_eq!(&two, b"ef", "the peeked bytes are still there");
+    // SAFETY: our epoll fd.
+    unsafe { libc::close(ep) };
+    drop(c2);
+    drop(s2);
+    l.set_nonblocking(false).unwrap();
+
+    // 4. Socket options and dup: TCP_NODELAY given back, SO_DOMAIN says IPv4; a dup
+    // is the same connection after the original is closed.
+    let c3 = TcpStream::connect(addr).unwrap();
+    let (mut s3, _) = l.accept().unwrap();
+    c3.set_nodelay(true).unwrap();
+    assert!(c3.nodelay().unwrap());
+    let dom = socket2::SockRef::from(&c3).domain().unwrap();
+    assert_eq!(dom, socket2::Domain::IPV4);
+    // SAFETY: dup of an open descriptor.
+    let d = unsafe { libc::dup(c3.as_raw_fd()) };
+    assert!(d >= 0);
+    drop(c3);
+    // SAFETY: `d` is ours.
+    let mut c3 = unsafe { TcpStream::from_raw_fd(d) };
+    assert_eq!(c3.peer_addr().unwrap(), addr, "getpeername on the dup");
+    c3.write_all(b"dup!!").unwrap();
+    echo_once(&mut s3);
+    c3.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"dup!!");
+    drop(c3);
+    let mut rest = Vec::new();
+    s3.read_to_end(&mut rest).unwrap();
+
+    // 5. fork: the child writes on the inherited descriptor and exits; the parent's
+    // tasks serve it. The parent closes its copy first: the connection lives on. The
+    // child leaves by exit(), which runs the exit handlers it inherited (the library's
+    // drain, the stack's goodbye): both skip a forked child, and a connection opened
+    // before the fork still works afterwards. (With the software RNIC a child's goodbye
+    // would not reach the wire anyway — its RNIC thread is not in the child — so this
+    // checks that exit() in a child is harmless, not the skip itself.)
+    let mut c5 = TcpStream::connect(addr).unwrap();
+    let (mut s5, _) = l.accept().unwrap();
+    let c4 = TcpStream::connect(addr).unwrap();
+    let (mut s4, _) = l.accept().unwrap();
+    let fd = c4.into_raw_fd();
+    // SAFETY: the child only writes and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let msg = b"from the child";
+        // SAFETY: writes our buffer to the inherited descriptor.
+        let n = unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
+        // SAFETY: ends the child, running the exit handlers it inherited.
+        unsafe { libc::exit(if n == msg.len() as isize { 0 } else { 1 }) };
+    }
+    // SAFETY: our descriptor (the child holds its own copy).
+    unsafe { libc::close(fd) };
+    let mut st = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "child status {st}"
+    );
+    let mut got = Vec::new();
+    s4.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"from the child");
+    c5.write_all(b"alive").unwrap();
+    echo_once(&mut s5);
+    c5.read_exact(&mut b).unwrap();
+    assert_eq!(
+        &b, b"alive",
+        "the parent's link group outlived the child's exit()"
+    );
+
+    // 6. Pre-forking: a child accepts on the listener it inherited (the connection's
+    // pump runs in this process, which listened) and echoes.
+    // SAFETY: the child accepts, echoes and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let ok = l.accept().is_ok_and(|(mut s, _)| {
+            let mut b = [0u8; 5];
+            s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok()
+        });
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut c6 = TcpStream::connect(addr).unwrap();
+    c6.write_all(b"fork!").unwrap();
+    c6.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"fork!", "echoed by the child that accepted");
+    let mut st = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "child status {st}"
+    );
+    let _: SocketAddr = addr;
+}
