@@ -18,8 +18,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use smc_verbs::netdev::PathState;
 use smc_verbs::{AccessFlags, RdmaBuffer};
-use tracing::{debug, trace, warn};
+use tracing::{debug, info, trace, warn};
 
 use super::conn::{ConnShared, ConnState, Path};
 use super::host::{HostCtx, HostState};
@@ -620,6 +621,48 @@ impl Core {
         }
     }
 
+    /// After an interface or address change: a device whose address is gone or whose
+    /// interface is down fails its links now (their connections fail over, RFC 7609
+    /// §4.6, or end if no link is left), and gets no new link until it is back.
+    pub(crate) fn check_paths(&mut self, inner: &Arc<Inner>) {
+        for i in 0..self.host.devices.len() {
+            let (ip, dev) = &self.host.devices[i];
+            let (ip, Some(dev)) = (*ip, dev.clone()) else {
+                continue;
+            };
+            match smc_verbs::netdev::path_state(ip) {
+                PathState::Up => {
+                    if self.host.paths_down.remove(&ip) {
+                        info!(%ip, device = dev.name(), "device's path is up again: links may be added on it");
+                    }
+                }
+                down => {
+                    if !self.host.paths_down.insert(ip) {
+                        continue;
+                    }
+                    let why = match down {
+                        PathState::AddressGone => "address removed".to_string(),
+                        PathState::InterfaceDown(n) => format!("interface {n} down"),
+                        PathState::Up => unreachable!(),
+                    };
+                    inner.counters.paths_down.fetch_add(1, Ordering::Relaxed);
+                    let links: Vec<_> = self
+                        .host
+                        .links
+                        .values()
+                        .filter(|l| l.device.same(&dev))
+                        .cloned()
+                        .collect();
+                    warn!(%ip, device = dev.name(), reason = %why, links = links.len(),
+                        "device's path lost: failing its links");
+                    for l in links {
+                        l.fail();
+                    }
+                }
+            }
+        }
+    }
+
     pub(crate) fn terminate_all(&mut self, inner: &Arc<Inner>, now: Instant) {
         self.ep(inner, |ep, h| ep.terminate_all(now, h));
     }
@@ -815,6 +858,7 @@ enum Fd {
     Listener(u64),
     Rdv(TcpId),
     Conn(u32),
+    NetMon,
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -838,6 +882,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
             let core = inner.lock_core();
             fds.push(pfd(inner.efd.fd(), libc::POLLIN));
             what.push(Fd::Wake);
+            if let Some(m) = &inner.netmon {
+                fds.push(pfd(m.as_raw_fd(), libc::POLLIN));
+                what.push(Fd::NetMon);
+            }
             for l in core.listeners.values() {
                 fds.push(pfd(l.sock.as_raw_fd(), libc::POLLIN));
                 what.push(Fd::Listener(l.id));
@@ -897,6 +945,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
             }
             match *w {
                 Fd::Wake => {}
+                Fd::NetMon => {
+                    if inner.netmon.as_ref().is_some_and(|m| m.drain(&mut buf)) {
+                        core.check_paths(&inner);
+                    }
+                }
                 Fd::Listener(id) => core.on_listener(&inner, id),
                 Fd::Rdv(id) => core.on_rdv_io(&inner, id, now, &mut buf),
                 Fd::Conn(t) => core.on_conn_tcp(&inner, t, now),

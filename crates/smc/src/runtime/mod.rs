@@ -13,6 +13,7 @@
 pub(crate) mod conn;
 mod core;
 mod host;
+mod netmon;
 pub(crate) mod link;
 mod routes;
 mod sys;
@@ -402,6 +403,9 @@ pub struct Stats {
     /// Connections moved to another link of their link group because theirs went down
     /// (RFC 7609 §4.6), ever.
     pub failovers: u64,
+    /// Times a device's interface went down or lost the device's address, failing the
+    /// device's links at once (rtnetlink), ever.
+    pub paths_down: u64,
     /// LLC messages received (all link groups, ever; TEST LINK included).
     pub llc_received: u64,
     /// LLC messages sent.
@@ -415,6 +419,8 @@ pub struct Stats {
 #[derive(Default)]
 pub(crate) struct Counters {
     pub llc_sent: AtomicU64,
+    /// Device addresses found unusable (interface down or address removed).
+    pub paths_down: AtomicU64,
     /// LLC messages dropped on arrival (a link's inbox was full).
     pub llc_dropped: AtomicU64,
 }
@@ -530,6 +536,9 @@ pub(crate) struct Inner {
     pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
     efd: EventFd,
+    /// Interface and address notifications (`None`: no rtnetlink socket; links then fail
+    /// only by QP errors and TEST LINK).
+    netmon: Option<netmon::NetMon>,
     stop: AtomicBool,
     pub counters: Counters,
 }
@@ -681,6 +690,12 @@ impl Stack {
             tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
             efd: EventFd::new()?,
+            netmon: netmon::NetMon::open()
+                .map_err(|e| {
+                    warn!(error = %e, "no rtnetlink socket: interface and address losses are \
+                        noticed only when a link's QP gives up or TEST LINK goes unanswered");
+                })
+                .ok(),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             cfg: config,
@@ -720,6 +735,7 @@ impl Stack {
         s.alert_tokens = self.inner.tokens.read().map(|t| t.len()).unwrap_or(0);
         s.fds = sys::count_fds();
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
+        s.paths_down = c.paths_down.load(Ordering::Relaxed);
         s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
         s
     }
