@@ -124,7 +124,9 @@ fn interface_down_and_address_removal_fail_over_at_once() {
     init_tracing();
     let t = thread::spawn(|| {
         if !private_netns() {
-            eprintln!("SKIP: no private network namespace with veth interfaces here (needs root and ip)");
+            eprintln!(
+                "SKIP: no private network namespace with veth interfaces here (needs root and ip)"
+            );
             return;
         }
         let retry = Duration::from_millis(300);
@@ -149,7 +151,10 @@ fn interface_down_and_address_removal_fail_over_at_once() {
             down = Some(i);
         });
         for (name, st) in [("server", srv.stats()), ("client", cli.stats())] {
-            assert!(st.paths_down >= 1, "{name} saw the interface go down: {st:?}");
+            assert!(
+                st.paths_down >= 1,
+                "{name} saw the interface go down: {st:?}"
+            );
             assert!(st.failovers >= 1, "{name}: {st:?}");
         }
         assert!(ip_cmd(&format!("link set {} up", DEVS[down.unwrap()])));
@@ -169,7 +174,10 @@ fn interface_down_and_address_removal_fail_over_at_once() {
             gone = Some(i);
         });
         let (cs, ss) = (cli.stats(), srv.stats());
-        assert!(cs.paths_down > before.1, "client saw its address go: {cs:?}");
+        assert!(
+            cs.paths_down > before.1,
+            "client saw its address go: {cs:?}"
+        );
         assert!(ss.failovers > before.0, "server moved its side too: {ss:?}");
         let i = gone.unwrap();
         assert!(ip_cmd(&format!("addr add {}/24 dev {}", CLI[i], DEVS[i])));

@@ -143,7 +143,9 @@ impl Host for HostCtx<'_> {
             .and_then(|(ip, d)| Some((*ip, d.clone()?)))
             .ok_or_else(|| HostError(format!("no device {device:?}")))?;
         if self.st.paths_down.contains(&ip) {
-            return Err(HostError(format!("{ip}: interface down or address removed")));
+            return Err(HostError(format!(
+                "{ip}: interface down or address removed"
+            )));
         }
         let res = LinkRes::create(self.inner, &dev, lgr, link).map_err(herr)?;
         let qp = QpInfo {

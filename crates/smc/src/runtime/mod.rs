@@ -13,8 +13,8 @@
 pub(crate) mod conn;
 mod core;
 mod host;
-mod netmon;
 pub(crate) mod link;
+mod netmon;
 mod routes;
 mod sys;
 

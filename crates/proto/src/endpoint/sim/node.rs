@@ -286,6 +286,19 @@ impl Node {
             .collect()
     }
 
+    /// Whether QP `qpn` belongs to a link the llc machine has active.
+    pub fn qp_active(&self, qpn: u32) -> bool {
+        self.hs.qps.get(&qpn).is_some_and(|q| {
+            !q.dead
+                && self.ep.link_groups().iter().any(|g| {
+                    g.id == q.lgr
+                        && g.links
+                            .iter()
+                            .any(|l| l.id == q.link && l.state == llc::LinkState::Active)
+                })
+        })
+    }
+
     /// RMBs allocated.
     pub fn rmbs(&self) -> usize {
         self.hs.rmbs.len()

@@ -23,7 +23,9 @@ fn seeds() -> Vec<u64> {
 /// Returns on how many seeds `f` said the race under test was reached.
 fn each_seed(name: &str, f: impl Fn(u64) -> bool + std::panic::RefUnwindSafe) -> usize {
     let mut reached = 0;
-    for seed in seeds() {
+    let seeds = seeds();
+    let n = seeds.len();
+    for seed in seeds {
         match std::panic::catch_unwind(|| f(seed)) {
             Ok(r) => reached += usize::from(r),
             Err(e) => {
@@ -38,6 +40,7 @@ fn each_seed(name: &str, f: impl Fn(u64) -> bool + std::panic::RefUnwindSafe) ->
             }
         }
     }
+    eprintln!("{name}: the race was reached with {reached} of {n} seeds");
     reached
 }
 
@@ -442,4 +445,169 @@ fn link_fails_during_add_link() {
         during
     });
     assert_reached("link_fails_during_add_link", reached);
+}
+
+/// Some RMB of `node` is not yet confirmed on every link (its CONFIRM RKEY is in flight,
+/// RFC 7609 §3.5.5.1.3).
+fn rkey_outstanding(w: &World, node: NodeId) -> bool {
+    w.nodes[node].ep.lgrs.values().any(|g| {
+        g.llc
+            .as_ref()
+            .is_some_and(|l| l.local_rmbs().any(|r| !l.rmb_confirmed(r)))
+    })
+}
+
+/// The echo either completed exactly or ended in an error or reset; never a hang.
+fn check_echo_or_error(w: &World, node: NodeId, sent: &[Vec<u8>]) {
+    for (r, data) in w.nodes[node].results().iter().zip(sent) {
+        assert!(r.error.is_some() || r.done || r.reset, "{r:?}");
+        if r.done && r.error.is_none() && !r.reset {
+            assert!(
+                r.received == *data,
+                "echo intact ({} of {} bytes)",
+                r.received.len(),
+                data.len()
+            );
+        }
+    }
+}
+
+/// The server re-adds a lost link (C.8) while the surviving link fails too, on either
+/// node, a random moment later: the DELETE LINK for the survivor crosses the ADD LINK
+/// (or its CONFIRM LINK) for the new one (RFC 7609 §3.5.5.3 collisions). A connection
+/// opened meanwhile completes its echo exactly on whatever link is left, or ends with an
+/// error; the link group ends or keeps working; nothing hangs or leaks.
+#[test]
+fn add_link_crosses_delete_link() {
+    let reached = each_seed("add_link_crosses_delete_link", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let first = payload(seed, 50_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: first.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        let qpns = w.nodes[c].qpns();
+        assert_eq!(qpns.len(), 2, "two links");
+        // Lose one link; the server adds it again after add_link_retry (60 s).
+        w.fail_link_at(Duration::ZERO, c, qpns[0]);
+        w.run_for(Duration::from_secs(1));
+        assert_eq!(active_links(&w, s), 1);
+        // Step until the server has created the new link's QP, not yet active (the
+        // retry timer runs from the failure: fine steps from a little before it).
+        w.run_for(Duration::from_secs(58));
+        let mut during = false;
+        for _ in 0..200_000 {
+            w.run_for(Duration::from_micros(50));
+            if w.nodes[s].qpns().len() == 2 {
+                during = active_links(&w, s) < 2;
+                break;
+            }
+        }
+        if !during {
+            // The exchange finished within one step (or never began): not this race.
+            w.run_for(Duration::from_secs(300));
+            check_echo_or_error(&w, c, &[first]);
+            check_clean(&w);
+            return false;
+        }
+        // The survivor fails on one node, 0-300 µs into the ADD LINK exchange, while a
+        // new connection starts.
+        let survivor_node = if w.delay((0, 1)).is_zero() { s } else { c };
+        let survivors: Vec<u32> = {
+            let all = w.nodes[survivor_node].qpns();
+            let n = &w.nodes[survivor_node];
+            all.into_iter().filter(|q| n.qp_active(*q)).collect()
+        };
+        let at = w.delay((0, 300));
+        for q in survivors {
+            w.fail_link_at(at, survivor_node, q);
+        }
+        let second = payload(seed + 1, 80_000);
+        let start = w.delay((0, 300));
+        w.connect_at(
+            start,
+            c,
+            s,
+            App::Client {
+                data: second.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run_for(Duration::from_secs(300));
+        check_echo_or_error(&w, c, &[first, second]);
+        check_clean(&w);
+        for n in [s, c] {
+            assert!(active_links(&w, n) <= 2, "node {n}");
+        }
+        during
+    });
+    assert_reached("add_link_crosses_delete_link", reached);
+}
+
+/// A link fails while a CONFIRM RKEY for a new RMB is outstanding (a subsequent contact
+/// just created one on a two-link group; RFC 7609 §3.5.5.1.3, §4.6): the connections
+/// complete their echoes exactly on the link that is left (or end with an error), the
+/// RMB is usable or deleted, nothing leaks.
+#[test]
+fn link_fails_while_confirm_rkey_outstanding() {
+    let reached = each_seed("link_fails_while_confirm_rkey_outstanding", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let first = payload(seed, 8_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: first.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        assert_eq!(active_links(&w, s), 2, "two links");
+        // The first echo still runs, so its RMB is in use and the second connection's
+        // is new (not one from the reuse cache).
+        assert!(!w.nodes[c].results()[0].done, "first echo still running");
+        // A second connection (subsequent contact: new RMBs on both sides, each with
+        // a CONFIRM RKEY), and a link failure at a random moment of its rendezvous.
+        let second = payload(seed + 7, 200_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: second.clone(),
+                half_close_first: false,
+            },
+        );
+        // Step to the moment a CONFIRM RKEY is in flight (on either node), or until the
+        // rendezvous is over; then one link fails on a random node.
+        let mut outstanding = false;
+        for _ in 0..2_000 {
+            w.run_for(Duration::from_micros(10));
+            if rkey_outstanding(&w, s) || rkey_outstanding(&w, c) {
+                outstanding = true;
+                // A random moment of the exchange: now or a little later.
+                let later = w.delay((0, 200));
+                w.run_for(later);
+                break;
+            }
+        }
+        let node = if w.delay((0, 1)).is_zero() { s } else { c };
+        let qpns = w.nodes[node].qpns();
+        let pick = w.delay((0, 1)).as_micros() as usize % qpns.len().max(1);
+        if let Some(&q) = qpns.get(pick) {
+            w.fail_link_at(Duration::ZERO, node, q);
+        }
+        w.run(Duration::from_secs(300));
+        check_echo_or_error(&w, c, &[first, second]);
+        check_clean(&w);
+        outstanding
+    });
+    assert_reached("link_fails_while_confirm_rkey_outstanding", reached);
 }
