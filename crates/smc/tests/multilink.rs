@@ -323,3 +323,37 @@ fn hundred_connections_fail_over_at_once() {
         );
     });
 }
+
+/// Asymmetric link group (only the server has two devices; the client's one device
+/// carries both links, RFC 7609 §3.5.1.6): the connection's link is cut mid-transfer
+/// (the client's QP to the error state) and it moves to the other link; 32 MiB each way
+/// intact; the lost link is added again; twice.
+#[test]
+fn asymmetric_failover_mid_transfer() {
+    let retry = Duration::from_millis(300);
+    let (srv, cli) = pair_with(
+        |s| {
+            s.devices = vec![server_ip().parse().unwrap(), ip(4).parse().unwrap()];
+            s.add_link_retry = retry;
+        },
+        |c| c.add_link_retry = retry,
+    );
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    assert!(echo_once(&cli, addr, 5, 1 << 16).is_smc());
+    let two = || active_links(&srv).len() == 2 && active_links(&cli).len() == 2;
+    assert!(wait_until(Duration::from_secs(10), two), "two links");
+    let links = active_links(&cli);
+    assert_eq!(links[0].1, links[1].1, "one client device: {links:?}");
+    for round in 0..2u64 {
+        transfer_with_a_cut(&srv, &cli, 32 << 20, 40 + round);
+        assert!(
+            wait_until(Duration::from_secs(20), two),
+            "round {round}: the lost link is added again: {:?} {:?}",
+            srv.link_groups(),
+            cli.link_groups()
+        );
+    }
+    assert!(cli.stats().failovers >= 2 && srv.stats().failovers >= 2);
+}
