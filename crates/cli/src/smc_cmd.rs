@@ -138,7 +138,7 @@ impl Inspect for StackInspect<'_> {
             "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
              rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
              first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} failovers={} \
-             provider={} devices={}",
+             paths-down={} provider={} devices={}",
             st.link_groups,
             conns.len(),
             st.smc_connections,
@@ -158,6 +158,7 @@ impl Inspect for StackInspect<'_> {
             st.lgrs_ended,
             st.links_failed,
             st.failovers,
+            st.paths_down,
             self.0.config().provider.name(),
             devices_text(&self.0.config().provider.devices()),
         );
@@ -167,12 +168,13 @@ impl Inspect for StackInspect<'_> {
                 .iter()
                 .map(|l| {
                     format!(
-                        "{}:{} qpn={:#x} peer-qpn={} dev={} peer-gid={}",
+                        "{}:{} qpn={:#x} peer-qpn={} dev={} gid={} peer-gid={}",
                         l.num,
                         l.state,
                         l.qpn,
                         l.peer_qpn.map(|q| format!("{q:#x}")).unwrap_or("-".into()),
                         l.device,
+                        l.gid,
                         l.peer_gid.as_deref().unwrap_or("-")
                     )
                 })
@@ -194,12 +196,14 @@ impl Inspect for StackInspect<'_> {
         for c in &conns {
             let _ = writeln!(
                 o,
-                "stats: conn {} → {} {} state={} lgr={} sent={} received={}",
+                "stats: conn {} → {} {} state={} lgr={} link={} failovers={} sent={} received={}",
                 c.local,
                 c.peer,
                 c.mode,
                 c.state,
                 c.lgr.map(|l| l.to_string()).unwrap_or("-".into()),
+                c.link.map(|l| l.to_string()).unwrap_or("-".into()),
+                c.failovers,
                 c.bytes_sent,
                 c.bytes_received
             );

@@ -56,7 +56,8 @@ start_listen() {
   LPID=$!
   PIDS+=("$LPID")
   local i
-  for i in $(seq 200); do
+  # Up to 60 s: on a loaded machine a listener opening its devices can take seconds.
+  for i in $(seq 1200); do
     grep -q "^listening on" "$WORK/$name.err" 2>/dev/null && break
     kill -0 "$LPID" 2>/dev/null || break
     sleep 0.05

@@ -98,6 +98,14 @@ impl HostState {
         }
     }
 
+    pub(crate) fn device_gid(&self, id: DeviceId) -> String {
+        self.devices
+            .get(id.0 as usize)
+            .and_then(|(_, d)| d.as_ref())
+            .map(|d| d.gid().to_string())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn device_name(&self, id: DeviceId) -> String {
         self.devices
             .get(id.0 as usize)

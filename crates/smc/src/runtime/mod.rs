@@ -313,6 +313,8 @@ pub struct LinkListing {
     pub peer_qpn: Option<u32>,
     /// Our device.
     pub device: String,
+    /// Our GID (the device's address, RoCEv2).
+    pub gid: String,
     /// Peer GID.
     pub peer_gid: Option<String>,
 }
