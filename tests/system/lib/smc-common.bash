@@ -63,7 +63,13 @@ start_listen() {
     sleep 0.05
   done
   PORT=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$WORK/$name.err" | head -n1)
-  if [ -z "$PORT" ]; then echo "FAIL: listener $name did not start"; show "$WORK/$name.err"; exit 1; fi
+  if [ -z "$PORT" ]; then
+    echo "FAIL: listener $name did not start"; show "$WORK/$name.err"
+    # Where it is stuck (the wrapper, e.g. `ip netns exec`, and what it runs).
+    ps -o pid,stat,wchan:30,etime,cmd -p "$LPID" --ppid "$LPID" 2>/dev/null | sed 's/^/    /'
+    cat "/proc/$LPID/stack" 2>/dev/null | sed 's/^/    stack: /'
+    exit 1
+  fi
 }
 
 # stats_field FILE TITLE KEY: the value of KEY=VALUE on the "stats:" summary
