@@ -137,8 +137,8 @@ impl Inspect for StackInspect<'_> {
             o,
             "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
              rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
-             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} \
-             provider={} devices={}",
+             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} failovers={} \
+             paths-down={} provider={} devices={}",
             st.link_groups,
             conns.len(),
             st.smc_connections,
@@ -157,6 +157,8 @@ impl Inspect for StackInspect<'_> {
             st.rmbs_deleted,
             st.lgrs_ended,
             st.links_failed,
+            st.failovers,
+            st.paths_down,
             self.0.config().provider.name(),
             devices_text(&self.0.config().provider.devices()),
         );
@@ -166,12 +168,13 @@ impl Inspect for StackInspect<'_> {
                 .iter()
                 .map(|l| {
                     format!(
-                        "{}:{} qpn={:#x} peer-qpn={} dev={} peer-gid={}",
+                        "{}:{} qpn={:#x} peer-qpn={} dev={} gid={} peer-gid={}",
                         l.num,
                         l.state,
                         l.qpn,
                         l.peer_qpn.map(|q| format!("{q:#x}")).unwrap_or("-".into()),
                         l.device,
+                        l.gid,
                         l.peer_gid.as_deref().unwrap_or("-")
                     )
                 })
@@ -193,12 +196,14 @@ impl Inspect for StackInspect<'_> {
         for c in &conns {
             let _ = writeln!(
                 o,
-                "stats: conn {} → {} {} state={} lgr={} sent={} received={}",
+                "stats: conn {} → {} {} state={} lgr={} link={} failovers={} sent={} received={}",
                 c.local,
                 c.peer,
                 c.mode,
                 c.state,
                 c.lgr.map(|l| l.to_string()).unwrap_or("-".into()),
+                c.link.map(|l| l.to_string()).unwrap_or("-".into()),
+                c.failovers,
                 c.bytes_sent,
                 c.bytes_received
             );

@@ -56,13 +56,20 @@ start_listen() {
   LPID=$!
   PIDS+=("$LPID")
   local i
-  for i in $(seq 200); do
+  # Up to 60 s: on a loaded machine a listener opening its devices can take seconds.
+  for i in $(seq 1200); do
     grep -q "^listening on" "$WORK/$name.err" 2>/dev/null && break
     kill -0 "$LPID" 2>/dev/null || break
     sleep 0.05
   done
   PORT=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$WORK/$name.err" | head -n1)
-  if [ -z "$PORT" ]; then echo "FAIL: listener $name did not start"; show "$WORK/$name.err"; exit 1; fi
+  if [ -z "$PORT" ]; then
+    echo "FAIL: listener $name did not start"; show "$WORK/$name.err"
+    # Where it is stuck (the wrapper, e.g. `ip netns exec`, and what it runs).
+    ps -o pid,stat,wchan:30,etime,cmd -p "$LPID" --ppid "$LPID" 2>/dev/null | sed 's/^/    /'
+    cat "/proc/$LPID/stack" 2>/dev/null | sed 's/^/    stack: /'
+    exit 1
+  fi
 }
 
 # stats_field FILE TITLE KEY: the value of KEY=VALUE on the "stats:" summary

@@ -115,6 +115,8 @@ impl SmcHandle {
                 // Receive on this thread for a while (no lock held: the completion
                 // handler runs here and takes the connection's lock).
                 let seq = self.conn.wake_seq.load(Ordering::Acquire);
+                // The link can change under a failover: its device, as of now.
+                let device = st.path.link.device.clone();
                 // Registered under the lock before `seq` can move again: whoever
                 // moves it (the completion handler, on whichever thread received the
                 // CDC) wakes this thread's drive, which otherwise sleeps on the socket.
@@ -127,7 +129,7 @@ impl SmcHandle {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
                 let conn = &self.conn;
-                conn.link.device.0.drive(
+                device.0.drive(
                     &|| conn.wake_seq.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,

@@ -20,9 +20,26 @@ use super::{Inbox, Inner};
 use crate::clc::LgrId;
 use crate::conn::{CdcRepr, Conn, Events};
 
+/// The link a connection's data goes on, and where in the peer's RMB element it writes:
+/// changed by a failover (RFC 7609 §4.6).
+pub(crate) struct Path {
+    pub link: Arc<LinkRes>,
+    /// The send buffer's registration on the link's PD.
+    pub sndbuf_mr: Mr,
+    /// Virtual address of the peer's RMB element on the link, and its RKey.
+    pub peer_base: u64,
+    pub peer_rkey: u32,
+}
+
 /// Mutable state of a connection, under [`ConnShared::state`].
 pub(crate) struct ConnState {
     pub conn: Conn,
+    pub path: Path,
+    /// Times the connection moved to another link.
+    pub failovers: u32,
+    /// A failover's validation CDC not posted yet (it waits for a send slot like any
+    /// transmit, and goes before them).
+    pub validation: Option<CdcRepr>,
     /// The TCP connection, idle while SMC-R carries the data (RFC 7609 §4.8: it carries
     /// the final FIN, and its RST aborts). Closed by the event thread only.
     pub tcp: Option<TcpStream>,
@@ -52,13 +69,8 @@ pub(crate) struct ConnState {
 pub(crate) struct ConnShared {
     pub token: u32,
     pub lgr: LgrId,
-    pub link: Arc<LinkRes>,
     pub rmb: Arc<RdmaBuffer>,
     pub sndbuf: Arc<RdmaBuffer>,
-    pub sndbuf_mr: Mr,
-    /// Virtual address of the peer's RMB element on our link, and its RKey.
-    pub peer_base: u64,
-    pub peer_rkey: u32,
     pub local: SocketAddr,
     pub peer: SocketAddr,
     pub version: u8,
@@ -126,38 +138,72 @@ impl ConnShared {
                 return;
             }
             // A destroyed link posts nothing and gives no slot back; its link group's
-            // machine ends every connection on it (no failover: RFC 7609 §4.8.3), so
-            // waiting for slots there would only wait forever.
-            if self.link.dead.load(Ordering::SeqCst) {
+            // machine moves every connection on it to another link (RFC 7609 §4.6) or
+            // ends it (§4.8.3), so waiting for slots there would only wait forever.
+            let link = &st.path.link;
+            if link.dead.load(Ordering::SeqCst) || link.failed.load(Ordering::SeqCst) {
                 return;
             }
-            if !self.link.try_reserve(TX_SLOTS) {
+            if let Some(v) = st.validation {
+                // RFC 7609 §4.6.1: the validation CDC first on the new link. It consumes
+                // no sequence number, and the machine ignores its completion (no CDC in
+                // flight has its number); its slot comes back with it.
+                if !link.try_reserve_data(1) {
+                    if !st.waiting_slots {
+                        st.waiting_slots = true;
+                        if let Some(me) = self.self_ref.upgrade() {
+                            link.add_waiter(&me);
+                        }
+                    }
+                    if !link.try_reserve_data(1) {
+                        return;
+                    }
+                }
+                let p = &st.path;
+                let res = p.link.post_transmit(
+                    &[],
+                    p.peer_rkey,
+                    &p.sndbuf_mr,
+                    &v.to_bytes(),
+                    wr_cdc(self.token, v.seqno, 1),
+                    1,
+                );
+                if let Err(e) = res {
+                    warn!(token = self.token, error = %e, "failover validation CDC not posted");
+                    st.conn.kill(crate::conn::AbortReason::LinkLost);
+                    return;
+                }
+                st.validation = None;
+                continue;
+            }
+            if !link.try_reserve_data(TX_SLOTS) {
                 if !st.waiting_slots {
                     st.waiting_slots = true;
                     if let Some(me) = self.self_ref.upgrade() {
-                        self.link.add_waiter(&me);
+                        link.add_waiter(&me);
                     }
                 }
                 // Completions may have come back between the failed reservation and
                 // the registration: look once more.
-                if !self.link.try_reserve(TX_SLOTS) {
+                if !link.try_reserve_data(TX_SLOTS) {
                     return;
                 }
             }
             let Some(t) = st.conn.poll_transmit(now) else {
-                self.link.release(TX_SLOTS);
+                st.path.link.release(TX_SLOTS);
                 return;
             };
+            let p = &st.path;
             let mut writes = [(0u64, 0u32, 0u32); 3];
             let n = t.writes().len();
             for (i, w) in t.writes().iter().enumerate() {
-                writes[i] = (self.peer_base + u64::from(w.dst_off), w.src_off, w.len);
+                writes[i] = (p.peer_base + u64::from(w.dst_off), w.src_off, w.len);
             }
             let cdc = t.cdc.to_bytes();
-            let res = self.link.post_transmit(
+            let res = p.link.post_transmit(
                 &writes[..n],
-                self.peer_rkey,
-                &self.sndbuf_mr,
+                p.peer_rkey,
+                &p.sndbuf_mr,
                 &cdc,
                 wr_cdc(self.token, t.cdc.seqno, n as u8 + 1),
                 TX_SLOTS,
@@ -172,7 +218,7 @@ impl ConnShared {
                     if let Some(s) = self.stack.upgrade() {
                         s.post(Inbox::LinkError {
                             lgr: self.lgr,
-                            link: self.link.id,
+                            link: st.path.link.id,
                         });
                     }
                     return;
@@ -246,20 +292,35 @@ impl ConnShared {
         self.drive(&mut st, now);
     }
 
-    /// A CDC's send completion (completion thread).
+    /// A CDC's send completion (completion thread). A failure stops transmission; the
+    /// link's error reaches the endpoint (`Inbox::LinkError`, posted by the link), which
+    /// moves the connection to another link (`ConnAction::Failover`, RFC 7609 §4.6) or
+    /// ends it (§4.8.3). Completions of a link the connection has left concern CDCs
+    /// the failover already counted as lost; the machine ignores them.
     pub(crate) fn on_cdc_complete(&self, seq: u16, ok: bool) {
         let mut st = self.lock();
         if ok {
             st.conn.on_cdc_sent(seq);
         } else {
             st.conn.on_cdc_send_failed(seq);
-            // Single-link groups have nowhere to fail over to (§4.8.3); the link-group
-            // machine decides about the link, the connection cannot go on.
             if st.conn.needs_failover() {
-                debug!(token = self.token, "CDC send failed, no alternate link");
-                st.conn.kill(crate::conn::AbortReason::LinkLost);
+                debug!(token = self.token, "CDC send failed: waiting for failover");
             }
         }
         self.drive(&mut st, Instant::now());
+    }
+
+    /// RFC 7609 §4.6: the connection moves to `path` (event thread). The old link's QP
+    /// goes to the error state first, so that nothing posted there can still reach
+    /// the peer (§2.3: the writes end before the connection moves; their completions,
+    /// flushed, are ignored). Then the validation CDC goes first on the new link and the
+    /// unconfirmed writes are replayed (`Conn::prepare_failover`).
+    pub(crate) fn fail_over(&self, st: &mut ConnState, path: Path, now: Instant) {
+        let old = std::mem::replace(&mut st.path, path);
+        old.link.fail();
+        st.waiting_slots = false;
+        st.failovers += 1;
+        st.validation = st.conn.prepare_failover();
+        self.drive(st, now);
     }
 }

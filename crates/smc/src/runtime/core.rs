@@ -18,10 +18,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use smc_verbs::netdev::PathState;
 use smc_verbs::{AccessFlags, RdmaBuffer};
-use tracing::{debug, trace, warn};
+use tracing::{debug, info, trace, warn};
 
-use super::conn::{ConnShared, ConnState};
+use super::conn::{ConnShared, ConnState, Path};
 use super::host::{HostCtx, HostState};
 use super::routes::{client_route, eligibility, server_route};
 use super::{
@@ -31,7 +32,8 @@ use super::{
 use crate::clc::{self, Eligibility};
 use crate::conn::{AbortReason, Conn, State};
 use crate::endpoint::{
-    ConnAction, DeviceInfo, Endpoint, EndpointConfig, NewConn, Output, RendezvousOutcome, TcpId,
+    ConnAction, DeviceInfo, Endpoint, EndpointConfig, FailoverTarget, NewConn, Output,
+    RendezvousOutcome, TcpId,
 };
 
 /// Longest single `poll()` sleep (guards against a missed wake-up).
@@ -94,6 +96,21 @@ impl Core {
         };
         self.apply(inner);
         r
+    }
+
+    /// Opens the devices of `StackConfig::devices` and gives them to the endpoint as link
+    /// devices (every link group may put links on them, RFC 7609 §2.2). An address
+    /// without a device is skipped (logged).
+    pub(crate) fn add_link_devices(&mut self, inner: &Arc<Inner>) {
+        for ip in inner.cfg.devices.clone() {
+            match self.host.device_for(inner, ip) {
+                Some((d, _)) => {
+                    debug!(%ip, device = ?d.id, "link device");
+                    self.ep(inner, |ep, h| ep.add_link_device(Instant::now(), h, d));
+                }
+                None => warn!(%ip, "SMC_RS_DEVICES: no RDMA device for this address; skipped"),
+            }
+        }
     }
 
     /// The device serving `ip` (opened on first use and described to the endpoint).
@@ -183,16 +200,51 @@ impl Core {
                     }
                 }
                 Output::Conn { token, action } => {
-                    if let Some(c) = self.host.conns.get(&token) {
+                    if let Some(c) = self.host.conns.get(&token).cloned() {
                         let now = Instant::now();
+                        if let ConnAction::Failover(t) = action {
+                            self.fail_over(&c, t, now);
+                            continue;
+                        }
                         let mut st = c.lock();
                         match action {
                             ConnAction::Kill(reason) => st.conn.kill(reason),
                             ConnAction::TcpReset => st.conn.on_tcp_reset(now),
+                            ConnAction::Failover(_) => {}
                         }
                         c.drive(&mut st, now);
                     }
                 }
+            }
+        }
+    }
+
+    /// RFC 7609 §4.6: a connection moves to the link the endpoint chose. Its send buffer
+    /// is registered on the new link's PD; without the link or the registration the
+    /// connection ends.
+    fn fail_over(&mut self, c: &Arc<ConnShared>, t: FailoverTarget, now: Instant) {
+        let link = self.host.links.get(&(c.lgr, t.link)).cloned();
+        let mr = link.as_ref().map(|l| {
+            l.pd.reg_mr(&c.sndbuf, AccessFlags::LOCAL_WRITE)
+                .map_err(|e| e.to_string())
+        });
+        let mut st = c.lock();
+        match (link, mr) {
+            (Some(link), Some(Ok(sndbuf_mr))) => {
+                debug!(token = c.token, to = %t.link, "connection fails over");
+                let path = Path {
+                    link,
+                    sndbuf_mr,
+                    peer_base: t.peer_base,
+                    peer_rkey: t.peer_rkey,
+                };
+                c.fail_over(&mut st, path, now);
+            }
+            (_, mr) => {
+                let error = mr.and_then(|r| r.err());
+                warn!(token = c.token, to = %t.link, ?error, "failover impossible: the connection ends");
+                st.conn.kill(AbortReason::LinkLost);
+                c.drive(&mut st, now);
             }
         }
     }
@@ -287,18 +339,22 @@ impl Core {
         let shared = Arc::new_cyclic(|me| ConnShared {
             token: nc.token,
             lgr: nc.lgr,
-            link,
             rmb,
             sndbuf,
-            sndbuf_mr,
-            peer_base: nc.peer_base,
-            peer_rkey: nc.peer_rkey,
             local: r.local,
             peer: r.peer,
             version: nc.version,
             first_contact: nc.contact.is_first(),
             state: Mutex::new(ConnState {
                 conn,
+                path: Path {
+                    link,
+                    sndbuf_mr,
+                    peer_base: nc.peer_base,
+                    peer_rkey: nc.peer_rkey,
+                },
+                failovers: 0,
+                validation: None,
                 tcp: Some(tcp),
                 tcp_fin_sent: false,
                 tcp_done: false,
@@ -517,10 +573,15 @@ impl Core {
             let Some(c) = self.host.conns.remove(&t) else {
                 continue;
             };
-            drop(c.lock().tcp.take());
-            let pool = self.host.sndbufs.entry((c.lgr, c.link.id)).or_default();
-            if pool.len() < inner.cfg.rmb_cache && !c.link.dead.load(Ordering::SeqCst) {
-                pool.push((c.sndbuf.clone(), c.sndbuf_mr.clone()));
+            let (link, mr) = {
+                let mut st = c.lock();
+                drop(st.tcp.take());
+                (st.path.link.clone(), st.path.sndbuf_mr.clone())
+            };
+            // The send buffer is registered on the PD of the connection's last link.
+            let pool = self.host.sndbufs.entry((c.lgr, link.id)).or_default();
+            if pool.len() < inner.cfg.rmb_cache && !link.dead.load(Ordering::SeqCst) {
+                pool.push((c.sndbuf.clone(), mr));
             }
             debug!(token = t, "connection released");
             self.ep(inner, |ep, h| ep.conn_released(now, h, t));
@@ -537,6 +598,69 @@ impl Core {
             self.ep(inner, |ep, h| ep.terminate_all(now, h));
         }
         any
+    }
+
+    /// See `Stack::inject_link_failure`.
+    pub(crate) fn inject_link_failure(&mut self, lgr: LinkGroupId, num: u8) -> bool {
+        let id = clc::LgrId(lgr.0);
+        let link = self
+            .ep
+            .link_groups()
+            .into_iter()
+            .filter(|g| g.id == id)
+            .flat_map(|g| g.links)
+            .find(|l| l.num == num)
+            .and_then(|l| self.host.links.get(&(id, l.id)).cloned());
+        match link {
+            Some(l) => {
+                warn!(lgr = id.0, num, "injected link failure: QP to ERR");
+                l.fail();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// After an interface or address change: a device whose address is gone or whose
+    /// interface is down fails its links now (their connections fail over, RFC 7609
+    /// §4.6, or end if no link is left), and gets no new link until it is back.
+    pub(crate) fn check_paths(&mut self, inner: &Arc<Inner>) {
+        for i in 0..self.host.devices.len() {
+            let (ip, dev) = &self.host.devices[i];
+            let (ip, Some(dev)) = (*ip, dev.clone()) else {
+                continue;
+            };
+            match smc_verbs::netdev::path_state(ip) {
+                PathState::Up => {
+                    if self.host.paths_down.remove(&ip) {
+                        info!(%ip, device = dev.name(), "device's path is up again: links may be added on it");
+                    }
+                }
+                down => {
+                    if !self.host.paths_down.insert(ip) {
+                        continue;
+                    }
+                    let why = match down {
+                        PathState::AddressGone => "address removed".to_string(),
+                        PathState::InterfaceDown(n) => format!("interface {n} down"),
+                        PathState::Up => unreachable!(),
+                    };
+                    inner.counters.paths_down.fetch_add(1, Ordering::Relaxed);
+                    let links: Vec<_> = self
+                        .host
+                        .links
+                        .values()
+                        .filter(|l| l.device.same(&dev))
+                        .cloned()
+                        .collect();
+                    warn!(%ip, device = dev.name(), reason = %why, links = links.len(),
+                        "device's path lost: failing its links");
+                    for l in links {
+                        l.fail();
+                    }
+                }
+            }
+        }
     }
 
     pub(crate) fn terminate_all(&mut self, inner: &Arc<Inner>, now: Instant) {
@@ -592,6 +716,7 @@ impl Core {
                         qpn: l.qpn,
                         peer_qpn: l.peer_qpn,
                         device: self.host.device_name(l.device),
+                        gid: self.host.device_gid(l.device),
                         peer_gid: l.peer_gid.map(|p| p.to_string()),
                     })
                     .collect(),
@@ -604,6 +729,12 @@ impl Core {
     }
 
     pub(crate) fn conn_infos(&self) -> Vec<ConnInfo> {
+        let nums: BTreeMap<(clc::LgrId, crate::llc::LinkId), u8> = self
+            .ep
+            .link_groups()
+            .into_iter()
+            .flat_map(|g| g.links.into_iter().map(move |l| ((g.id, l.id), l.num)))
+            .collect();
         let mut v: Vec<ConnInfo> = self
             .host
             .conns
@@ -613,7 +744,12 @@ impl Core {
                 ConnInfo {
                     local: c.local,
                     peer: c.peer,
-                    mode: format!("SMC-Rv{}", c.version),
+                    mode: match st.failovers {
+                        0 => format!("SMC-Rv{}", c.version),
+                        n => format!("SMC-Rv{} (moved to another link {n}x)", c.version),
+                    },
+                    failovers: st.failovers,
+                    link: nums.get(&(c.lgr, st.path.link.id)).copied(),
                     state: st.conn.state().to_string(),
                     lgr: Some(LinkGroupId(c.lgr.0)),
                     bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
@@ -630,6 +766,8 @@ impl Core {
                 lgr: None,
                 bytes_sent: 0,
                 bytes_received: 0,
+                failovers: 0,
+                link: None,
             });
         }
         v
@@ -655,6 +793,7 @@ impl Core {
             rmbs_deleted: c.rmbs_deleted,
             lgrs_ended: c.lgrs_ended,
             links_failed: c.links_failed,
+            failovers: c.failovers,
             llc_received: c.llc_received,
             llc_dropped: c.llc_dropped,
             ..Stats::default()
@@ -720,6 +859,7 @@ enum Fd {
     Listener(u64),
     Rdv(TcpId),
     Conn(u32),
+    NetMon,
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -743,6 +883,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
             let core = inner.lock_core();
             fds.push(pfd(inner.efd.fd(), libc::POLLIN));
             what.push(Fd::Wake);
+            if let Some(m) = &inner.netmon {
+                fds.push(pfd(m.as_raw_fd(), libc::POLLIN));
+                what.push(Fd::NetMon);
+            }
             for l in core.listeners.values() {
                 fds.push(pfd(l.sock.as_raw_fd(), libc::POLLIN));
                 what.push(Fd::Listener(l.id));
@@ -802,6 +946,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
             }
             match *w {
                 Fd::Wake => {}
+                Fd::NetMon => {
+                    if inner.netmon.as_ref().is_some_and(|m| m.drain(&mut buf)) {
+                        core.check_paths(&inner);
+                    }
+                }
                 Fd::Listener(id) => core.on_listener(&inner, id),
                 Fd::Rdv(id) => core.on_rdv_io(&inner, id, now, &mut buf),
                 Fd::Conn(t) => core.on_conn_tcp(&inner, t, now),

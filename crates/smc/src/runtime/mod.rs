@@ -14,6 +14,7 @@ pub(crate) mod conn;
 mod core;
 mod host;
 pub(crate) mod link;
+mod netmon;
 mod routes;
 mod sys;
 
@@ -69,6 +70,9 @@ pub struct StackConfig {
     pub keepalive: Option<Duration>,
     /// LLC reply timeout (Linux 2 s).
     pub llc_reply_timeout: Duration,
+    /// A server link group that lost a link (or failed to add one) tries to add it again
+    /// after this long (RFC 7609 C.8; 60 s; `SMC_RS_ADD_LINK_RETRY_MS`).
+    pub add_link_retry: Duration,
     /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
     /// default; `SMC_RS_SKIP_TCP_OPTION`).
     pub skip_tcp_option: SkipOptionPolicy,
@@ -79,6 +83,12 @@ pub struct StackConfig {
     /// Client sockets bind to this address before connecting (tests: 127.0.0.1 vs
     /// 127.0.0.2 in one process).
     pub local_addr: Option<IpAddr>,
+    /// Local addresses whose RDMA devices may carry the links of every link group
+    /// (`SMC_RS_DEVICES=IP[,IP...]`): with two here on both sides, link groups get a
+    /// second, symmetric link after first contact (RFC 7609 §2.2, §3.5.1.6). Empty (the
+    /// default): a link group uses the device of its TCP connection's local address only
+    /// (and accepts a peer's asymmetric second link on it).
+    pub devices: Vec<IpAddr>,
     /// Free RMBs (and send buffers) kept per link group for reuse; beyond that an RMB
     /// freed by a connection is deleted (DELETE RKEY) and unregistered.
     pub rmb_cache: usize,
@@ -111,8 +121,22 @@ impl fmt::Debug for StackConfig {
             .field("clc_timeout", &self.clc_timeout)
             .field("keepalive", &self.keepalive)
             .field("local_addr", &self.local_addr)
+            .field("devices", &self.devices)
             .finish()
     }
+}
+
+/// `SMC_RS_DEVICES`: addresses separated by commas (blanks allowed); the first entry
+/// that is not an address is the error.
+fn parse_devices(v: &str) -> Result<Vec<IpAddr>, String> {
+    let mut out = Vec::new();
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let ip: IpAddr = part.parse().map_err(|_| part.to_string())?;
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 /// Default busy-poll time of blocking calls.
@@ -133,9 +157,11 @@ impl StackConfig {
             clc_timeout: Duration::from_secs(6),
             keepalive: Some(Duration::from_secs(30)),
             llc_reply_timeout: Duration::from_secs(2),
+            add_link_retry: Duration::from_secs(60),
             skip_tcp_option: SkipOptionPolicy::disabled(),
             tcp_option: None,
             local_addr: None,
+            devices: Vec::new(),
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
             rnic_drive: Duration::from_millis(1),
@@ -152,7 +178,8 @@ impl StackConfig {
     /// `SMC_RS_PROVIDER` selects; `smc_bpf::install_default` the eBPF option), UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
-    /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
+    /// address from `SMC_RS_LOCAL_ADDR`, the link devices from `SMC_RS_DEVICES`
+    /// (comma-separated addresses), `SMC_RS_ADD_LINK_RETRY_MS`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off). Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
@@ -201,6 +228,9 @@ impl StackConfig {
         if let Some(d) = millis("SMC_RS_CLOSE_TIMEOUT_MS") {
             c.conn.close_timeout = d;
         }
+        if let Some(d) = millis("SMC_RS_ADD_LINK_RETRY_MS") {
+            c.add_link_retry = d;
+        }
         if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
             // 0 disables TEST LINK keepalive.
             c.keepalive = (!d.is_zero()).then_some(d);
@@ -209,6 +239,14 @@ impl StackConfig {
             match v.trim().parse::<IpAddr>() {
                 Ok(ip) => c.local_addr = Some(ip),
                 Err(_) => warn!(value = %v, "SMC_RS_LOCAL_ADDR is not an IP address; ignored"),
+            }
+        }
+        if let Ok(v) = std::env::var("SMC_RS_DEVICES") {
+            match parse_devices(&v) {
+                Ok(d) => c.devices = d,
+                Err(bad) => {
+                    warn!(value = %v, bad, "SMC_RS_DEVICES: not an IP address list; ignored")
+                }
             }
         }
         c
@@ -223,6 +261,9 @@ impl StackConfig {
             lgr_idle_timeout: self.lgr_idle_timeout,
             keepalive: self.keepalive,
             llc_reply_timeout: self.llc_reply_timeout,
+            add_link_retry: self.add_link_retry,
+            // A lost link's connections move to another link (`Core::fail_over`).
+            failover: true,
         }
     }
 
@@ -272,6 +313,8 @@ pub struct LinkListing {
     pub peer_qpn: Option<u32>,
     /// Our device.
     pub device: String,
+    /// Our GID (the device's address, RoCEv2).
+    pub gid: String,
     /// Peer GID.
     pub peer_gid: Option<String>,
 }
@@ -316,6 +359,10 @@ pub struct ConnInfo {
     pub bytes_sent: u64,
     /// Payload bytes received.
     pub bytes_received: u64,
+    /// Times the connection moved to another link (RFC 7609 §4.6).
+    pub failovers: u32,
+    /// The wire number of the link its data goes on (`None`: rendezvous).
+    pub link: Option<u8>,
 }
 
 /// Counters and gauges of a stack.
@@ -355,6 +402,12 @@ pub struct Stats {
     pub lgrs_ended: u64,
     /// TEST LINK-driven or other link failures.
     pub links_failed: u64,
+    /// Connections moved to another link of their link group because theirs went down
+    /// (RFC 7609 §4.6), ever.
+    pub failovers: u64,
+    /// Times a device's interface went down or lost the device's address, failing the
+    /// device's links at once (rtnetlink), ever.
+    pub paths_down: u64,
     /// LLC messages received (all link groups, ever; TEST LINK included).
     pub llc_received: u64,
     /// LLC messages sent.
@@ -368,6 +421,8 @@ pub struct Stats {
 #[derive(Default)]
 pub(crate) struct Counters {
     pub llc_sent: AtomicU64,
+    /// Device addresses found unusable (interface down or address removed).
+    pub paths_down: AtomicU64,
     /// LLC messages dropped on arrival (a link's inbox was full).
     pub llc_dropped: AtomicU64,
 }
@@ -483,6 +538,9 @@ pub(crate) struct Inner {
     pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
     efd: EventFd,
+    /// Interface and address notifications (`None`: no rtnetlink socket; links then fail
+    /// only by QP errors and TEST LINK).
+    netmon: Option<netmon::NetMon>,
     stop: AtomicBool,
     pub counters: Counters,
 }
@@ -634,10 +692,19 @@ impl Stack {
             tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
             efd: EventFd::new()?,
+            netmon: netmon::NetMon::open()
+                .map_err(|e| {
+                    warn!(error = %e, "no rtnetlink socket: interface and address losses are \
+                        noticed only when a link's QP gives up or TEST LINK goes unanswered");
+                })
+                .ok(),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             cfg: config,
         });
+        if !inner.cfg.devices.is_empty() {
+            inner.lock_core().add_link_devices(&inner);
+        }
         let thread_inner = inner.clone();
         let thread = std::thread::Builder::new()
             .name("smc-event".into())
@@ -670,8 +737,17 @@ impl Stack {
         s.alert_tokens = self.inner.tokens.read().map(|t| t.len()).unwrap_or(0);
         s.fds = sys::count_fds();
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
+        s.paths_down = c.paths_down.load(Ordering::Relaxed);
         s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
         s
+    }
+
+    /// Fault injection (tests, drills): moves our QP of link `num` of link group `lgr` to
+    /// the error state, as a failed path or RNIC port would. Its outstanding work is
+    /// flushed, the link goes down, and its connections move to another link of the
+    /// group (RFC 7609 §4.6) or end when none is left. Returns whether the link exists.
+    pub fn inject_link_failure(&self, lgr: LinkGroupId, num: u8) -> bool {
+        self.inner.lock_core().inject_link_failure(lgr, num)
     }
 
     /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.
@@ -694,3 +770,20 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
+
+#[cfg(test)]
+mod tests {
+    use super::parse_devices;
+
+    #[test]
+    fn smc_rs_devices_parses_an_address_list() {
+        let ips = parse_devices(" 10.0.0.1, 10.0.1.1,,fd00::1 ,10.0.0.1").unwrap();
+        let want: Vec<std::net::IpAddr> = ["10.0.0.1", "10.0.1.1", "fd00::1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(ips, want);
+        assert!(parse_devices("").unwrap().is_empty());
+        assert_eq!(parse_devices("10.0.0.1,eth0").unwrap_err(), "eth0");
+    }
+}
