@@ -92,7 +92,7 @@ impl Drop for SmcHandle {
         st.released = true;
         self.conn.drive(&mut st, Instant::now());
         drop(st);
-        self.stack.post(Inbox::Released);
+        self.stack.post(Inbox::Released(self.conn.token));
     }
 }
 
@@ -355,7 +355,7 @@ pub(crate) fn connect_one(
     }
     if let Some(ip) = stack.cfg.local_addr {
         if ip.is_ipv4() == addr.is_ipv4() {
-            sock.bind(&SocketAddr::new(ip, 0).into())?;
+            crate::runtime::bind_no_port(&sock, ip)?;
         }
     }
     let t0 = Instant::now();

@@ -30,8 +30,11 @@ pub(crate) struct ConnState {
     pub tcp_fin_sent: bool,
     /// The peer's FIN or RST was seen; no more monitoring.
     pub tcp_done: bool,
-    /// Timer the event thread knows about.
+    /// The machine's next deadline (`Conn::poll_timeout`).
     pub armed: Option<Instant>,
+    /// This connection's live entry in the stack's timer queue (`timers.rs`): the
+    /// earliest deadline queued and not yet taken out by the event thread.
+    pub queued: Option<Instant>,
     /// Waiting for send slots on the link.
     pub waiting_slots: bool,
     /// Every application handle is gone.
@@ -104,19 +107,21 @@ impl ConnShared {
         self.flush(st, now);
         let ev = st.conn.take_events();
         self.on_events(st, ev);
-        let t = st.conn.poll_timeout();
-        if t != st.armed {
-            let earlier = match (t, st.armed) {
-                (Some(n), Some(o)) => n < o,
-                (Some(_), None) => true,
-                _ => false,
-            };
-            st.armed = t;
-            if earlier {
-                if let Some(s) = self.stack.upgrade() {
-                    s.wake();
-                }
-            }
+        st.armed = st.conn.poll_timeout();
+        self.schedule(st);
+    }
+
+    /// Queues the deadline with the event thread when it has no entry at or before it
+    /// (`timers.rs`); a new entry wakes the event thread, which may sleep past it.
+    pub(crate) fn schedule(&self, st: &mut ConnState) {
+        let Some(t) = st.armed else { return };
+        if st.queued.is_some_and(|q| q <= t) {
+            return;
+        }
+        st.queued = Some(t);
+        if let Some(s) = self.stack.upgrade() {
+            s.timers.push(t, self.token);
+            s.wake();
         }
     }
 
@@ -219,7 +224,7 @@ impl ConnShared {
                     s.post(Inbox::ResetTcp(self.token));
                 }
                 if ev.contains(Events::CLOSED) {
-                    s.post(Inbox::ConnClosed);
+                    s.post(Inbox::ConnClosed(self.token));
                 }
             }
         }

@@ -16,6 +16,7 @@ mod host;
 pub(crate) mod link;
 mod routes;
 mod sys;
+mod timers;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -391,10 +392,10 @@ pub(crate) enum Inbox {
         link: llc::LinkId,
     },
     ResetTcp(u32),
-    /// A connection reached CLOSED (it may be released).
-    ConnClosed,
-    /// The application dropped its last handle.
-    Released,
+    /// A connection (its alert token) reached CLOSED (it may be released).
+    ConnClosed(u32),
+    /// The application dropped its last handle on a connection.
+    Released(u32),
 }
 
 /// What a rendezvous hands to the API.
@@ -434,6 +435,10 @@ pub(crate) fn discard(e: Established) {
         st.conn.close(Instant::now());
         st.released = true;
         c.drive(&mut st, Instant::now());
+        drop(st);
+        if let Some(s) = c.stack.upgrade() {
+            s.post(Inbox::Released(c.token));
+        }
     }
 }
 
@@ -482,6 +487,8 @@ pub(crate) struct Inner {
     core: Mutex<Core>,
     pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
+    /// The connections' deadlines (`timers.rs`).
+    pub(crate) timers: timers::TimerQueue,
     efd: EventFd,
     stop: AtomicBool,
     pub counters: Counters,
@@ -630,9 +637,10 @@ impl Stack {
             instance: rand::random::<u16>(),
             peer_id: OnceLock::new(),
             tcp_option,
-            core: Mutex::new(Core::new(ep_cfg)),
+            core: Mutex::new(Core::new(ep_cfg)?),
             tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
+            timers: Default::default(),
             efd: EventFd::new()?,
             stop: AtomicBool::new(false),
             counters: Counters::default(),
@@ -694,3 +702,4 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
+pub(crate) use self::sys::bind_no_port;
