@@ -103,24 +103,50 @@ pub(crate) enum Wait {
     Until(Option<Instant>),
 }
 
+/// What a blocked call waits for (runtime/conn.rs wakes readers and writers apart).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Read,
+    Write,
+}
+
 impl SmcHandle {
+    fn seq(&self, dir: Dir) -> &std::sync::atomic::AtomicU64 {
+        match dir {
+            Dir::Read => &self.conn.rx_seq,
+            Dir::Write => &self.conn.tx_seq,
+        }
+    }
+
     fn wait<'a>(
         &'a self,
         mut st: MutexGuard<'a, ConnState>,
         wait: Wait,
+        dir: Dir,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
         let drive = self.stack.cfg.rnic_drive;
+        let seq_of = self.seq(dir);
+        let cond = match dir {
+            Dir::Read => &self.conn.rx_cond,
+            Dir::Write => &self.conn.tx_cond,
+        };
+        fn drivers(st: &mut ConnState, dir: Dir) -> &mut Vec<DriveWaker> {
+            match dir {
+                Dir::Read => &mut st.rx_drivers,
+                Dir::Write => &mut st.tx_drivers,
+            }
+        }
         let st = if !drive.is_zero() {
             if let Wait::Until(deadline) = wait {
                 // Receive on this thread for a while (no lock held: the completion
                 // handler runs here and takes the connection's lock).
-                let seq = self.conn.wake_seq.load(Ordering::Acquire);
+                let seq = seq_of.load(Ordering::Acquire);
                 // Registered under the lock before `seq` can move again: whoever
                 // moves it (the completion handler, on whichever thread received the
                 // CDC) wakes this thread's drive, which otherwise sleeps on the socket.
                 let waker = DriveWaker::current();
                 if let Some(w) = &waker {
-                    st.drivers.push(w.clone());
+                    drivers(&mut st, dir).push(w.clone());
                 }
                 drop(st);
                 let max = deadline.map_or(drive, |d| {
@@ -128,17 +154,18 @@ impl SmcHandle {
                 });
                 let conn = &self.conn;
                 conn.link.device.0.drive(
-                    &|| conn.wake_seq.load(Ordering::Acquire) != seq,
+                    &|| seq_of.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,
                 );
                 let mut st = self.conn.lock();
                 if let Some(w) = &waker {
-                    if let Some(i) = st.drivers.iter().position(|d| d.same(w)) {
-                        st.drivers.swap_remove(i);
+                    let v = drivers(&mut st, dir);
+                    if let Some(i) = v.iter().position(|d| d.same(w)) {
+                        v.swap_remove(i);
                     }
                 }
-                if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+                if seq_of.load(Ordering::Acquire) != seq {
                     return Ok(st);
                 }
                 st
@@ -152,14 +179,14 @@ impl SmcHandle {
         let st = if matches!(wait, Wait::Until(_)) && !busy.is_zero() {
             // Busy poll: spin a little for the completion thread's wake-up before
             // paying for a sleep and a thread wake-up.
-            let seq = self.conn.wake_seq.load(Ordering::Acquire);
+            let seq = seq_of.load(Ordering::Acquire);
             drop(st);
             let t0 = Instant::now();
-            while self.conn.wake_seq.load(Ordering::Acquire) == seq && t0.elapsed() < busy {
+            while seq_of.load(Ordering::Acquire) == seq && t0.elapsed() < busy {
                 std::hint::spin_loop();
             }
             let st = self.conn.lock();
-            if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+            if seq_of.load(Ordering::Acquire) != seq {
                 return Ok(st);
             }
             st
@@ -168,15 +195,13 @@ impl SmcHandle {
         };
         match wait {
             Wait::Never => Err(ErrorKind::WouldBlock.into()),
-            Wait::Until(None) => Ok(self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner())),
+            Wait::Until(None) => Ok(cond.wait(st).unwrap_or_else(|p| p.into_inner())),
             Wait::Until(Some(d)) => {
                 let now = Instant::now();
                 if now >= d {
                     return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
                 }
-                let (g, _) = self
-                    .conn
-                    .cond
+                let (g, _) = cond
                     .wait_timeout(st, d - now)
                     .unwrap_or_else(|p| p.into_inner());
                 Ok(g)
@@ -229,7 +254,7 @@ impl SmcHandle {
             if let Some(e) = st.conn.error() {
                 return Err(io_err(e));
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Read)?;
         }
     }
 
@@ -259,7 +284,7 @@ impl SmcHandle {
                 self.conn.drive(&mut st, Instant::now());
                 return Ok(n);
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Write)?;
         }
     }
 
@@ -278,7 +303,7 @@ impl SmcHandle {
                 self.conn.drive(&mut st, Instant::now());
                 return Ok(());
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Write)?;
         }
     }
 
@@ -304,7 +329,8 @@ impl SmcHandle {
             }
         }
         self.conn.drive(&mut st, now);
-        self.conn.cond.notify_all();
+        self.conn.rx_cond.notify_all();
+        self.conn.tx_cond.notify_all();
         Ok(())
     }
 }

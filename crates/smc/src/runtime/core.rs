@@ -338,12 +338,15 @@ impl Core {
                 nonblocking: false,
                 rx_waker: None,
                 tx_waker: None,
-                drivers: Vec::new(),
+                rx_drivers: Vec::new(),
+                tx_drivers: Vec::new(),
             }),
-            cond: Condvar::new(),
+            rx_cond: Condvar::new(),
+            tx_cond: Condvar::new(),
             bytes_sent: Default::default(),
             bytes_received: Default::default(),
-            wake_seq: Default::default(),
+            rx_seq: Default::default(),
+            tx_seq: Default::default(),
             stack: Arc::downgrade(inner),
             self_ref: me.clone(),
         });
@@ -581,6 +584,12 @@ impl Core {
             }
             debug!(token = t, "connection released");
             self.ep(inner, |ep, h| ep.conn_released(now, h, t));
+        }
+        // Timer entries of released connections (timers.rs), once they outnumber the
+        // live ones. The heap's lock is taken alone here (no connection lock inside it).
+        if inner.timers.len() > 2 * (self.host.conns.len() + 64) {
+            let conns = &self.host.conns;
+            inner.timers.retain_tokens(|t| conns.contains_key(&t));
         }
         self.listeners
             .retain(|_, l| !l.closed.load(Ordering::SeqCst));
@@ -864,7 +873,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 Fd::Rdv(id) => core.on_rdv_io(&inner, id, now, &mut buf),
                 Fd::Conns => {
                     ready.clear();
-                    let zero = rustix::time::Timespec {
+                    let zero = rustix::event::Timespec {
                         tv_sec: 0,
                         tv_nsec: 0,
                     };
