@@ -250,11 +250,16 @@ where
     Ok(())
 }
 
-/// Waits until the stack has no connection left and at most `lgrs` link groups.
-fn settle(g: &dyn Gauge, lgrs: usize, limit: Duration) -> bool {
+/// Waits until the stack has no connection left, at most `lgrs` link groups and (when
+/// given) at most `fds` open file descriptors: links and their QPs are torn down
+/// asynchronously after their link group is gone.
+fn settle(g: &dyn Gauge, lgrs: usize, fds: Option<u64>, limit: Duration) -> bool {
     let t = Instant::now();
     loop {
-        if g.connections() == 0 && g.link_groups() <= lgrs {
+        if g.connections() == 0
+            && g.link_groups() <= lgrs
+            && fds.is_none_or(|f| Usage::now().fds <= f)
+        {
             return true;
         }
         if t.elapsed() >= limit {
@@ -279,7 +284,7 @@ pub fn concurrent<N: Net>(
         let s = net.connect(addr).context("warm-up connection")?;
         ping(&s, 0).context("warm-up connection")?;
         drop(s);
-        settle(g, usize::MAX, Duration::from_millis(args.settle_ms));
+        settle(g, usize::MAX, None, Duration::from_millis(args.settle_ms));
         g.link_groups()
     };
     let base = Usage::now();
@@ -340,7 +345,12 @@ pub fn concurrent<N: Net>(
         let _ = s.shutdown(Shutdown::Write);
     }
     drop(conns);
-    let settled = settle(g, lgrs_before, Duration::from_millis(args.settle_ms));
+    let settled = settle(
+        g,
+        lgrs_before,
+        Some(base.fds),
+        Duration::from_millis(args.settle_ms),
+    );
     let closed = Usage::now();
     line(format!(
         "scale {label} closed secs={:.3} settled={settled} connections={} link_groups={} {} {}",
@@ -379,7 +389,7 @@ pub fn sequential<N: Net>(
         let done = i + 1;
         if done == 1 || done % every == 0 || done == args.seq {
             // Closing is asynchronous: sample the steady state.
-            settle(g, usize::MAX, Duration::from_millis(args.settle_ms));
+            settle(g, usize::MAX, None, Duration::from_millis(args.settle_ms));
             line(format!(
                 "scale {label} seq done={done} secs={:.3} not_smc={not_smc} connections={} \
                  link_groups={} {}",
