@@ -30,7 +30,7 @@ pub struct ScaleArgs {
     #[arg(long, value_name = "IP")]
     pub connect: Option<std::net::IpAddr>,
     /// SMC-R port (kernel TCP: the next one).
-    #[arg(long, default_value_t = 5302)]
+    #[arg(long, default_value_t = 5303)]
     pub port: u16,
     /// Local address to connect from (and to open the RDMA device on).
     #[arg(long, value_name = "IP")]
