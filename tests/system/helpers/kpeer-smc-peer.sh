@@ -63,8 +63,10 @@ snapshot() { # PID FILE: a new complete SIGUSR1 snapshot in FILE
 last_snapshot() { # FILE: the lines of the last complete SIGUSR1 snapshot
   awk '$0 == "stats: -- SIGUSR1" { s = 1; b = ""; next } /^stats: -- end$/ { if (s) last = b; s = 0; next } s { b = b $0 "\n" } END { printf "%s", last }' "$1"
 }
-active_links() { grep '^stats: link-group ' | head -n1 | grep -o '[0-9]*:Active' | wc -l; }
-all_links() { grep '^stats: link-group ' | head -n1 | grep -o '\(\[\|, \)[0-9]*:' | wc -l; }
+# the link-group line of $LGR (the first one while it is unset) in a snapshot on stdin
+lgr_line() { grep "^stats: link-group ${LGR:-}" | head -n1; }
+active_links() { lgr_line | grep -o '[0-9]*:Active' | wc -l; }
+all_links() { lgr_line | grep -o '\(\[\|, \)[0-9]*:' | wc -l; }
 summary_field() { # KEY (stdin: a snapshot)
   sed -n "s/^stats: summary .* $1=\([0-9]*\).*/\1/p" | head -n1
 }
@@ -97,7 +99,9 @@ fo_watch() {
         *:"$KPEER_PEER_IP") nic=eth0 cut_ip=$KPEER_PEER_IP ;;
         *) echo "watch: link $link has peer GID '$gid', not the kernel's"; return 1 ;;
       esac
-      echo "watch: links before the cut: $(grep '^stats: link-group ' <<<"$snap" | head -n1)"
+      # the re-add must happen in this link group (not in a new one for the next connection)
+      LGR="$(lgr_line <<<"$snap" | cut -d' ' -f3) "
+      echo "watch: links before the cut: $(lgr_line <<<"$snap")"
       vmlink "$nic" down || return 1
       t0=$SECONDS
       echo "cut: $KPEER_KERNEL_VM $nic down (the connection's link $link, peer GID $gid) at $r bytes"
@@ -115,15 +119,15 @@ fo_watch() {
       snap=$(last_snapshot "$f")
       if [ "$(active_links <<<"$snap")" = 2 ] && [ "$(all_links <<<"$snap")" = 2 ] &&
         { [ "${FO_READD:-cut}" = any ] ||
-          grep '^stats: link-group ' <<<"$snap" | head -n1 | grep -q "[0-9]:Active [^,]*peer-gid=::ffff:$cut_ip[],]"; }; then
-        echo "re-added: two links active $((SECONDS - t0)) s after the path came back: $(grep '^stats: link-group ' <<<"$snap" | head -n1)"
+          lgr_line <<<"$snap" | grep -q "[0-9]:Active [^,]*peer-gid=::ffff:$cut_ip[],]"; }; then
+        echo "re-added: two links active $((SECONDS - t0)) s after the path came back: $(lgr_line <<<"$snap")"
         echo "watch: failovers=$(summary_field failovers <<<"$snap") links-failed=$(summary_field links-failed <<<"$snap")"
         return 0
       fi
     fi
     sleep 0.5
   done
-  echo "watch: last snapshot: $(grep '^stats: link-group ' <<<"$snap" | head -n1)"
+  echo "watch: last snapshot of ${LGR:-the link group}: $(lgr_line <<<"$snap")"
   echo "watch: not two links again within ${FO_READD_S:-60} s of the path coming back"
   return 1
 }
