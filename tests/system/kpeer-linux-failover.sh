@@ -17,12 +17,12 @@
 #                 KPEER_FO_ALL=1: ~2 min more under TCG.)
 # Checks in each: data intact (SHA-256 here, byte for byte in the kernel), smc_diag SMCR on
 # the kernel's connections after the data, our failover counted, two links again; from the
-# capture: our ADD LINK answer accepted, CONFIRM LINK for link 2, DELETE LINK for the cut
-# link, a second ADD LINK after the path returned, and every CONFIRM RKEY sent while two links
-# were up naming both; the kernel's own view (`kpeer lgr`) and its DELETE LINK reason codes
-# are printed.
+# capture: ADD LINK accepted by the link group's client at least twice (second link, re-add),
+# CONFIRM LINK on an added link, DELETE LINK of single links, a CONFIRM RKEY naming both links
+# (when one was sent after the second link); the kernel's link-group type as its last
+# connection ended; the LLC story, the kernel's `kpeer lgr` and log lines are printed.
 # Exit 0 pass, 77 skip (with the reason) when this machine cannot run VMs, else fail.
-# About 2-3 min per run under TCG with a warm cache.
+# 1.5-3.5 min per run under TCG with a warm cache (6-8 min for the three).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 TEST_NAME=kpeer-linux-failover
@@ -100,7 +100,7 @@ census sym-kserver client 2
 # Our server re-adds the lost link after SMC_RS_ADD_LINK_RETRY_MS (3 s), while the kernel's
 # NIC is still down: over the kernel's other NIC (its link group ASYMMETRIC_LOCAL, type 4).
 # When the NIC is back the kernel asks for a link (REQUEST ADD LINK) and we add one over it,
-# then delete the stop-gap link (SYMMETRIC again, type 2); once in three runs 6.12 rejected
+# then delete the stop-gap link (SYMMETRIC again, type 2); in three of six runs 6.12 rejected
 # that ADD LINK and stayed at type 4 (README, "Failover with Linux"): both are accepted.
 kpeer_run sym-kclient smc-client "${FO_KNOBS[@]}" FO_DEVICES=2 FO_READD=any SIZES=100M,1M HOLD=15 IDLE=5
 census sym-kclient server '2|4'

@@ -73,7 +73,8 @@ summary_field() { # KEY (stdin: a snapshot)
 vmlink() { # NIC up|down: the kernel VM's carrier on NIC
   python3 "$KPEER_DIR/lib/vmlink.py" "$KPEER_OUT" "$KPEER_KERNEL_VM" "$1" "$2"
 }
-# fo_watch PID FILE BYTES: cut the kernel's NIC of the connection's link once a quarter
+# fo_watch PID FILE BYTES ERRFILE READY: once READY (an ERE) is in ERRFILE (the process has
+# its SIGUSR1 handler by then; before, SIGUSR1 would kill it), cut the kernel's NIC of the connection's link once a quarter
 # (FO_AT_PCT) of BYTES has arrived with two links active, restore it FO_DOWN_S later, then
 # wait until the link group is back to two links, both active, one of them over the NIC that
 # was cut (the kernel may first add a stop-gap asymmetric link over its other NIC and delete
@@ -81,6 +82,11 @@ vmlink() { # NIC up|down: the kernel VM's carrier on NIC
 # Prints "cut ...", "restored ...", "re-added ..." lines.
 fo_watch() {
   local pid=$1 f=$2 bytes=$3 snap r l link gid nic="" cut_ip="" t0 i
+  for i in $(seq 600); do
+    grep -Eq "$5" "$4" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
   local at=$((bytes * ${FO_AT_PCT:-25} / 100))
   # the harness ends PEER_CMD's process group with SIGTERM: say where the watch was
   trap 'echo "watch: stopped by SIGTERM (cut NIC: ${nic:-none})"; exit 1' TERM
@@ -209,7 +215,7 @@ client/failover)
   "$SMC" connect --bind "$KPEER_LOCAL_IP" "$peer" --conns 2 --send-bytes "$big" --expect-echo \
     --require-smc --hold-ms "${HOLD_MS:-20000}" --stats > "$log/fo.out" 2> "$log/fo.err" &
   cpid=$!
-  fo_watch "$cpid" "$log/fo.out" "$bytes" > "$log/watch.out" 2>&1
+  fo_watch "$cpid" "$log/fo.out" "$bytes" "$log/fo.err" '^connected to' > "$log/watch.out" 2>&1
   wrc=$?
   wait "$cpid"; rc=$?
   cat "$log/watch.out"
@@ -233,7 +239,7 @@ server/failover)
   "$SMC" listen "$KPEER_LOCAL_IP:$KPEER_PORT" --echo --stats > "$log/listen.out" 2> "$log/listen.err" &
   lpid=$!
   trap 'kill -TERM "$lpid" 2>/dev/null' TERM
-  fo_watch "$lpid" "$log/listen.out" "$bytes" > "$log/watch.out" 2>&1 &
+  fo_watch "$lpid" "$log/listen.out" "$bytes" "$log/listen.err" '^listening on' > "$log/watch.out" 2>&1 &
   wpid=$!
   wait "$lpid"; rc=$?
   if kill -0 "$lpid" 2>/dev/null; then wait "$lpid"; rc=$?; fi
