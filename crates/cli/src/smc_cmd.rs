@@ -196,16 +196,16 @@ impl Inspect for StackInspect<'_> {
         for c in &conns {
             let _ = writeln!(
                 o,
-                "stats: conn {} → {} {} state={} lgr={} link={} failovers={} sent={} received={}",
+                "stats: conn {} → {} {} state={} lgr={} sent={} received={} link={} failovers={}",
                 c.local,
                 c.peer,
                 c.mode,
                 c.state,
                 c.lgr.map(|l| l.to_string()).unwrap_or("-".into()),
-                c.link.map(|l| l.to_string()).unwrap_or("-".into()),
-                c.failovers,
                 c.bytes_sent,
-                c.bytes_received
+                c.bytes_received,
+                c.link.map(|l| l.to_string()).unwrap_or("-".into()),
+                c.failovers
             );
         }
         o
