@@ -65,12 +65,15 @@ static INIT: OnceLock<Option<u32>> = OnceLock::new();
 
 fn init() -> Option<u32> {
     *INIT.get_or_init(|| {
-        if std::env::var_os("SMC_LOG").is_some() {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::from_env("SMC_LOG"))
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
+        // Warnings reach the program's stderr even without SMC_LOG: what takes SMC-R
+        // away from the whole process (no RDMA device, a RoCEv2 port that cannot be
+        // shared) must never be silent. SMC_LOG=off silences them.
+        let filter = tracing_subscriber::EnvFilter::try_from_env("SMC_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
         smc_providers::install_default();
         smc_bpf::install_default();
         // SAFETY: three plain `extern "C"` functions with no arguments.
