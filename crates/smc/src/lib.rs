@@ -25,6 +25,7 @@
 
 pub mod api;
 pub mod defaults;
+pub mod observe;
 pub mod runtime;
 pub mod tcp_option;
 pub mod ueid_file;

@@ -77,6 +77,14 @@ pub(crate) struct SharedPort {
 /// claims a slot (module documentation). On error the socket may be bound
 /// and must be dropped.
 pub(crate) fn bind_shared(sock: &Socket, addr: SocketAddr) -> Result<SharedPort, ShareError> {
+    // Privilege first (listing maps by id needs CAP_SYS_ADMIN), so that an
+    // unprivileged process hears that, not that it cannot open the lock.
+    let mut probe = GetId::default();
+    if let Err(e) = bpf(BPF_MAP_GET_NEXT_ID, &mut probe) {
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(sys("listing BPF maps (needs CAP_SYS_ADMIN)")(e));
+        }
+    }
     let _lock = Flock::take()?;
     sock.set_reuse_port(true).map_err(sys("SO_REUSEPORT"))?;
     sock.bind(&addr.into()).map_err(sys(

@@ -225,7 +225,14 @@ impl Core {
                     t.set_nonblocking(false)?;
                     Ok(t)
                 })
-                .map(|t| Established::Fallback(t, reason)),
+                .map(|t| {
+                    let role = match r.origin {
+                        Origin::Connect(_) => "client",
+                        _ => "server",
+                    };
+                    crate::observe::record_fallback(&t, role, &reason);
+                    Established::Fallback(t, reason)
+                }),
             RendezvousOutcome::Reset(reason) => {
                 if let Ok(t) = r.tcp.try_clone() {
                     sys::reset_tcp(t);
@@ -601,6 +608,10 @@ impl Core {
                 idle: g.idle,
             })
             .collect()
+    }
+
+    pub(crate) fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.values().map(|l| l.local).collect()
     }
 
     pub(crate) fn conn_infos(&self) -> Vec<ConnInfo> {

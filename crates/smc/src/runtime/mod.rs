@@ -599,7 +599,7 @@ impl fmt::Debug for Stack {
 impl Stack {
     /// The process-wide stack ([`StackConfig::from_env`]), started on first use.
     pub fn global() -> &'static Stack {
-        GLOBAL.get_or_init(|| {
+        let s = GLOBAL.get_or_init(|| {
             let s = match Stack::new(StackConfig::from_env()) {
                 Ok(s) => s,
                 // Creating an eventfd and a thread only fails when the process is out of
@@ -613,7 +613,11 @@ impl Stack {
                 debug!("atexit registration failed; peers notice our exit by TEST LINK");
             }
             s
-        })
+        });
+        // Its sockets are listed by `smc ss` (crate::observe).
+        static PUBLISH: std::sync::Once = std::sync::Once::new();
+        PUBLISH.call_once(|| crate::observe::publish(s));
+        s
     }
 
     /// A new stack with its own Peer ID and event thread.
@@ -661,6 +665,11 @@ impl Stack {
     /// Connections (addresses, mode, state, link group, bytes).
     pub fn connections(&self) -> Vec<ConnInfo> {
         self.inner.lock_core().conn_infos()
+    }
+
+    /// The local addresses of its listeners.
+    pub fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.inner.lock_core().listener_addrs()
     }
 
     /// Counters and gauges, including open QPs, RMB elements in use and fds.
