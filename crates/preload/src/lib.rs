@@ -68,10 +68,14 @@ fn init() -> Option<u32> {
         // Warnings reach the program's stderr even without SMC_LOG: what takes SMC-R
         // away from the whole process (no RDMA device, a RoCEv2 port that cannot be
         // shared) must never be silent. SMC_LOG=off silences them.
-        let filter = tracing_subscriber::EnvFilter::try_from_env("SMC_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let filter = tracing_subscriber::EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| {
+            // The TCP-option override's per-connection warning is for SMC_LOG users
+            // (the `smc` command does the same).
+            tracing_subscriber::EnvFilter::new("warn,smc::tcp_option::policy=error")
+        });
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .try_init();
         smc_providers::install_default();

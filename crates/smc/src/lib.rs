@@ -26,6 +26,7 @@
 pub mod api;
 pub mod defaults;
 pub mod observe;
+pub mod policy;
 pub mod runtime;
 pub mod tcp_option;
 pub mod ueid_file;

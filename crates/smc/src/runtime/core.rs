@@ -685,7 +685,11 @@ pub(crate) fn register_client(
 ) -> io::Result<()> {
     let local = tcp.local_addr()?;
     let peer = tcp.peer_addr()?;
-    let elig = eligibility(inner, &tcp, peer);
+    // The allow/deny lists first (crate::policy): a kept-TCP connection sends nothing.
+    let elig = match inner.cfg.policy.keeps_tcp(peer) {
+        Some(reason) => crate::clc::Eligibility::NotEligible { reason },
+        None => eligibility(inner, &tcp, peer),
+    };
     tcp.set_nonblocking(true)?;
     let mut core = inner.lock_core();
     // The Proposal (or a not-eligible connection's end) goes out right here: one thread

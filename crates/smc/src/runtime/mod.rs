@@ -71,6 +71,8 @@ pub struct StackConfig {
     pub llc_reply_timeout: Duration,
     /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
     /// default; `SMC_RS_SKIP_TCP_OPTION`).
+    /// Which destinations try SMC-R (SMC_RS_ALLOW / SMC_RS_DENY, [`crate::policy`]).
+    pub policy: crate::policy::SmcPolicy,
     pub skip_tcp_option: SkipOptionPolicy,
     /// Where the SMC-R TCP option (RFC 7609 §3.1) comes from (`from_env`: the source
     /// installed with [`crate::defaults::set_tcp_option`], e.g. the eBPF program of
@@ -134,6 +136,7 @@ impl StackConfig {
             keepalive: Some(Duration::from_secs(30)),
             llc_reply_timeout: Duration::from_secs(2),
             skip_tcp_option: SkipOptionPolicy::disabled(),
+            policy: crate::policy::SmcPolicy::default(),
             tcp_option: None,
             local_addr: None,
             rmb_cache: 16,
@@ -165,6 +168,12 @@ impl StackConfig {
         match SkipOptionPolicy::from_env() {
             Ok(p) => c.skip_tcp_option = p,
             Err(e) => warn!(error = %e, "SMC_RS_SKIP_TCP_OPTION ignored"),
+        }
+        match crate::policy::SmcPolicy::from_env() {
+            Ok(p) => c.policy = p,
+            Err(e) => {
+                warn!(error = %e, "SMC_RS_ALLOW / SMC_RS_DENY ignored: every destination tries SMC-R")
+            }
         }
         let size = |name: &str| -> Option<usize> {
             let v = std::env::var(name).ok()?;
