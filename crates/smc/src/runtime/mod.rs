@@ -69,10 +69,10 @@ pub struct StackConfig {
     pub keepalive: Option<Duration>,
     /// LLC reply timeout (Linux 2 s).
     pub llc_reply_timeout: Duration,
-    /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
-    /// default; `SMC_RS_SKIP_TCP_OPTION`).
     /// Which destinations try SMC-R (SMC_RS_ALLOW / SMC_RS_DENY, [`crate::policy`]).
     pub policy: crate::policy::SmcPolicy,
+    /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
+    /// default; `SMC_RS_SKIP_TCP_OPTION`).
     pub skip_tcp_option: SkipOptionPolicy,
     /// Where the SMC-R TCP option (RFC 7609 §3.1) comes from (`from_env`: the source
     /// installed with [`crate::defaults::set_tcp_option`], e.g. the eBPF program of
