@@ -4,8 +4,9 @@
 //! The library interposes the few libc calls where a TCP socket's fate is decided —
 //! `connect`, `listen`, `accept`/`accept4` — and those that must answer for the
 //! descriptors it hands out — `close`, `dup`/`dup2`/`dup3`, `fcntl(F_DUPFD*)`,
-//! `getsockname`/`getpeername`, `getsockopt`/`setsockopt` — all found with
-//! `dlsym(RTLD_NEXT)`. Every AF_INET/AF_INET6 TCP socket the program connects or
+//! `getsockname`/`getpeername`, `getsockopt`/`setsockopt`, and `sendto`/`sendmsg` (a
+//! destination named on a connected socket, which TCP ignores, is dropped for ours) —
+//! all found with `dlsym(RTLD_NEXT)`. Every AF_INET/AF_INET6 TCP socket the program connects or
 //! listens on goes through the SMC-R runtime (`Stack::global()`, configured from the
 //! environment like the `smc` command's): the TCP option (eBPF when installed, or
 //! `SMC_RS_SKIP_TCP_OPTION`), CLC, then SMC-R or TCP with the reason.

@@ -45,6 +45,8 @@ real! {
     getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
     getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
     setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
+    sendto: fn(c_int, *const c_void, libc::size_t, c_int, *const sockaddr, socklen_t) -> libc::ssize_t;
+    sendmsg: fn(c_int, *const libc::msghdr, c_int) -> libc::ssize_t;
 }
 
 /// `errno` of this thread.
