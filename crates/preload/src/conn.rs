@@ -66,6 +66,7 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
     let local = s.local_addr()?;
     let peer = s.peer_addr()?;
     let (app, ours) = std::os::unix::net::UnixStream::pair()?;
+    let ours = real::move_high(ours);
     ours.set_nonblocking(true)?;
     let counters = Arc::new(Counters::default());
     let c = counters.clone();
@@ -297,7 +298,7 @@ pub(crate) unsafe fn connect(
         }
     }
     let nodelay = real::sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY);
-    let dup = real::fcntl_raw(fd, libc::F_DUPFD_CLOEXEC, 0);
+    let dup = real::dup_high(fd);
     if dup < 0 {
         return 0;
     }

@@ -290,7 +290,7 @@ impl Core {
             }
         };
         let conn = Conn::new(nc.params, cfg.conn.clone()).map_err(|e| err(&e.to_string()))?;
-        let tcp = r.tcp.try_clone()?;
+        let tcp = sys::clone_in_place(&r.tcp)?;
         let shared = Arc::new_cyclic(|me| ConnShared {
             token: nc.token,
             lgr: nc.lgr,
