@@ -44,6 +44,9 @@ pub struct StatsArgs {
     /// The Prometheus text exposition format.
     #[arg(long, conflicts_with = "json")]
     pub prometheus: bool,
+    /// Only these processes (repeatable), e.g. the one server a test drives.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
 }
 
 /// What `smc stats` does besides printing.
@@ -71,8 +74,16 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 /// Every publishing process's document (those that do not answer are skipped with a
 /// note on stderr).
 pub fn gather(request: &str) -> Vec<Value> {
+    gather_from(request, &[])
+}
+
+/// The documents of the processes `pids` (every publisher when empty).
+pub fn gather_from(request: &str, pids: &[u32]) -> Vec<Value> {
     let mut out = Vec::new();
     for pid in observe::publishers() {
+        if !pids.is_empty() && !pids.contains(&pid) {
+            continue;
+        }
         match observe::query(pid, request, QUERY_TIMEOUT) {
             Ok(v) if v.get("error").is_none() => out.push(v),
             Ok(v) => eprintln!("smc: process {pid}: {}", v["error"]),
@@ -291,7 +302,7 @@ pub fn stats(a: &StatsArgs) -> ExitCode {
         Some(StatsAction::Reset) => "reset",
         None => "get",
     };
-    let total = sum_stats(&gather(request));
+    let total = sum_stats(&gather_from(request, &a.pids));
     if a.json {
         println!("{total}");
     } else if a.prometheus {
