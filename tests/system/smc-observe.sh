@@ -72,11 +72,13 @@ else fail "smc ss -l"; show "$WORK/ssl.txt"; fi
 "$SMC" lgr > "$WORK/lgr.txt"; "$SMC" lgr --json > "$WORK/lgr.json"
 roles=$(json "sorted(g['role'] for g in d if g['pid'] in ($SPID,$C1,$C2))" < "$WORK/lgr.json")
 qps=$(json "all(l['qpn']>0 and l['peer_qpn'] for g in d for l in g['links'])" < "$WORK/lgr.json")
-if [ "$roles" = "['client', 'client', 'server', 'server']" ] && [ "$qps" = True ] \
+# Our GID on each link: the server's address on the server's, the client's on the curls'.
+gids=$(json "all(l['gid'] == '::ffff:' + ('$SIP' if g['pid'] == $SPID else '$CIP') for g in d if g['pid'] in ($SPID,$C1,$C2) for l in g['links'])" < "$WORK/lgr.json")
+if [ "$roles" = "['client', 'client', 'server', 'server']" ] && [ "$qps" = True ] && [ "$gids" = True ] \
    && grep -q "(pid $SPID python3): role server" "$WORK/lgr.txt"; then
-  ok "smc lgr: the server's link groups (one per client process) and each curl's, with QPs"
+  ok "smc lgr: the server's link groups (one per client process) and each curl's, with QPs and our GIDs"
   sed 's/^/    /' "$WORK/lgr.txt"
-else fail "smc lgr ($roles, qps $qps)"; show "$WORK/lgr.txt"; fi
+else fail "smc lgr ($roles, qps $qps, gids $gids)"; show "$WORK/lgr.txt"; fi
 
 # --- smc stats -----------------------------------------------------------------------
 "$SMC" stats --json > "$WORK/st.json"

@@ -214,10 +214,11 @@ pub fn lgr_text(groups: &[Value]) -> String {
         ));
         for l in g["links"].as_array().into_iter().flatten() {
             t.push_str(&format!(
-                "  link {} {:<9} device {} qp {:#x} peer qp {} peer gid {}\n",
+                "  link {} {:<9} device {} gid {} qp {:#x} peer qp {} peer gid {}\n",
                 s(&l["num"]),
                 s(&l["state"]),
                 s(&l["device"]),
+                s(&l["gid"]),
                 l["qpn"].as_u64().unwrap_or(0),
                 l["peer_qpn"]
                     .as_u64()
@@ -428,7 +429,7 @@ mod tests {
                 "peer_code": null, "policy": false, "bytes_sent": 1, "bytes_received": 2}],
             "link_groups": [{"id": "lgr1", "role": "server", "version": 1, "peer": "p", "conns": 1,
                 "rmbs": 1, "rmbs_in_use": 1, "state": "ACTIVE",
-                "links": [{"num": 1, "state": "ACTIVE", "device": "sroce0", "qpn": 17, "peer_qpn": 18, "peer_gid": "g"}]}],
+                "links": [{"num": 1, "state": "ACTIVE", "device": "sroce0", "gid": "::ffff:127.0.0.2", "qpn": 17, "peer_qpn": 18, "peer_gid": "g"}]}],
             "stats": {"smc_total": 3, "fallbacks": 1,
                 "fallback_reasons": [{"code": "0x03010000", "name": "PEERNOSMC", "text": "t", "count": 1}]}
         })
@@ -472,7 +473,10 @@ mod tests {
     fn lgr_lists_links() {
         let t = lgr_text(&link_groups(&[doc()]));
         assert!(t.contains("lgr1 (pid 42 redis-server): role server"), "{t}");
-        assert!(t.contains("qp 0x11 peer qp 0x12"), "{t}");
+        assert!(
+            t.contains("device sroce0 gid ::ffff:127.0.0.2 qp 0x11 peer qp 0x12"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -309,6 +309,7 @@ pub fn snapshot(stack: &Stack) -> Value {
                     "num": l.num,
                     "state": l.state,
                     "device": l.device,
+                    "gid": l.gid,
                     "qpn": l.qpn,
                     "peer_qpn": l.peer_qpn,
                     "peer_gid": l.peer_gid,

@@ -599,6 +599,7 @@ impl Core {
                         qpn: l.qpn,
                         peer_qpn: l.peer_qpn,
                         device: self.host.device_name(l.device),
+                        gid: self.host.device_gid(l.device),
                         peer_gid: l.peer_gid.map(|p| p.to_string()),
                     })
                     .collect(),

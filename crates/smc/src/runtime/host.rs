@@ -101,6 +101,14 @@ impl HostState {
             .unwrap_or_default()
     }
 
+    pub(crate) fn device_gid(&self, id: DeviceId) -> String {
+        self.devices
+            .get(id.0 as usize)
+            .and_then(|(_, d)| d.as_ref())
+            .map(|d| d.gid().to_string())
+            .unwrap_or_default()
+    }
+
     /// Drops the devices that were removed: the provider can close one only when
     /// nothing refers to it any more (a kernel unregistering an RDMA device waits for
     /// that). Called when a link is destroyed, which is what a removal leads to.

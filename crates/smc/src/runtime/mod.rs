@@ -281,6 +281,8 @@ pub struct LinkListing {
     pub peer_qpn: Option<u32>,
     /// Our device.
     pub device: String,
+    /// Our GID (the device's port GID; RoCEv2: the IPv4-mapped or IPv6 address).
+    pub gid: String,
     /// Peer GID.
     pub peer_gid: Option<String>,
 }
