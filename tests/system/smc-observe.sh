@@ -83,10 +83,13 @@ else fail "smc lgr ($roles, qps $qps, gids $gids)"; show "$WORK/lgr.txt"; fi
 # --- smc stats -----------------------------------------------------------------------
 "$SMC" stats --json > "$WORK/st.json"
 tot=$(json "d['smc_total']" < "$WORK/st.json"); np=$(json "d['processes']" < "$WORK/st.json")
+# RMB sizes: what the processes registered, by size, adding up to the bytes.
+rmbs=$(json "d['rmb_bytes'] > 0 and d['rmb_bytes'] == sum(int(k) * v for k, v in d['rmb_sizes'].items()) and sum(d['rmb_sizes'].values()) == d['rmbs']" < "$WORK/st.json")
 "$SMC" stats --prometheus > "$WORK/prom.txt"
-if [ "$tot" -ge 4 ] && [ "$np" -ge 3 ] && grep -q "^smc_rs_smc_total $tot$" "$WORK/prom.txt"; then
-  ok "smc stats: $tot SMC-R connections over $np processes; --prometheus agrees"
-else fail "smc stats (total $tot, processes $np)"; show "$WORK/st.json" "$WORK/prom.txt"; fi
+if [ "$tot" -ge 4 ] && [ "$np" -ge 3 ] && grep -q "^smc_rs_smc_total $tot$" "$WORK/prom.txt" \
+   && [ "$rmbs" = True ] && grep -q '^smc_rs_rmb_sizes{bytes="[0-9]*"} [1-9]' "$WORK/prom.txt"; then
+  ok "smc stats: $tot SMC-R connections over $np processes, RMB sizes adding up to rmb_bytes; --prometheus agrees"
+else fail "smc stats (total $tot, processes $np, rmb sizes $rmbs)"; show "$WORK/st.json" "$WORK/prom.txt"; fi
 
 # --- policy --------------------------------------------------------------------------
 # Kept-TCP clients go to a plain server: with SMC_RS_SKIP_TCP_OPTION (no eBPF here) an

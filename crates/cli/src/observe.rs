@@ -265,6 +265,13 @@ pub fn sum_stats(docs: &[Value]) -> Value {
             } else if let Some(n) = v.as_u64() {
                 let cur = total.get(k).and_then(Value::as_u64).unwrap_or(0);
                 total.insert(k.clone(), json!(cur + n));
+            } else if let Some(sizes) = v.as_object() {
+                // rmb_sizes / sndbuf_sizes: size in bytes → count, merged by size.
+                let e = total.entry(k.clone()).or_insert_with(|| json!({}));
+                for (size, n) in sizes {
+                    let cur = e[size].as_u64().unwrap_or(0);
+                    e[size] = json!(cur + n.as_u64().unwrap_or(0));
+                }
             }
         }
     }
@@ -283,6 +290,15 @@ pub fn prometheus(total: &Value) -> String {
         for (k, v) in m {
             if let Some(n) = v.as_u64() {
                 t.push_str(&format!("# TYPE smc_rs_{k} gauge\nsmc_rs_{k} {n}\n"));
+            }
+        }
+        for k in ["rmb_sizes", "sndbuf_sizes"] {
+            t.push_str(&format!("# TYPE smc_rs_{k} gauge\n"));
+            for (size, n) in m.get(k).and_then(Value::as_object).into_iter().flatten() {
+                t.push_str(&format!(
+                    "smc_rs_{k}{{bytes=\"{size}\"}} {}\n",
+                    n.as_u64().unwrap_or(0)
+                ));
             }
         }
         t.push_str("# TYPE smc_rs_fallbacks_by_reason gauge\n");
@@ -314,6 +330,34 @@ pub fn stats(a: &StatsArgs) -> ExitCode {
             if v.is_u64() {
                 println!("{k:<22} {v}");
             }
+        }
+        for (k, title) in [
+            ("rmb_sizes", "RMB sizes"),
+            ("sndbuf_sizes", "send buffer sizes"),
+        ] {
+            let sizes = m
+                .get(k)
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            let mut sizes: Vec<(u64, u64)> = sizes
+                .iter()
+                .filter_map(|(size, n)| Some((size.parse().ok()?, n.as_u64()?)))
+                .collect();
+            sizes.sort_unstable();
+            let list: Vec<String> = sizes
+                .iter()
+                .map(|(size, n)| format!("{} KiB × {n}", size / 1024))
+                .collect();
+            println!(
+                "{:<22} {}",
+                title,
+                if list.is_empty() {
+                    "-".into()
+                } else {
+                    list.join(", ")
+                }
+            );
         }
         println!("fallback reasons:");
         for r in m["fallback_reasons"].as_array().into_iter().flatten() {
@@ -430,7 +474,7 @@ mod tests {
             "link_groups": [{"id": "lgr1", "role": "server", "version": 1, "peer": "p", "conns": 1,
                 "rmbs": 1, "rmbs_in_use": 1, "state": "ACTIVE",
                 "links": [{"num": 1, "state": "ACTIVE", "device": "sroce0", "gid": "::ffff:127.0.0.2", "qpn": 17, "peer_qpn": 18, "peer_gid": "g"}]}],
-            "stats": {"smc_total": 3, "fallbacks": 1,
+            "stats": {"smc_total": 3, "fallbacks": 1, "rmb_bytes": 262144, "rmb_sizes": {"262144": 1},
                 "fallback_reasons": [{"code": "0x03010000", "name": "PEERNOSMC", "text": "t", "count": 1}]}
         })
     }
@@ -461,8 +505,11 @@ mod tests {
         assert_eq!(total["fallbacks"], 2);
         assert_eq!(total["processes"], 2);
         assert_eq!(total["fallback_reasons"][0]["count"], 2);
+        assert_eq!(total["rmb_bytes"], 524288);
+        assert_eq!(total["rmb_sizes"]["262144"], 2);
         let p = prometheus(&total);
         assert!(p.contains("smc_rs_smc_total 6\n"), "{p}");
+        assert!(p.contains("smc_rs_rmb_sizes{bytes=\"262144\"} 2\n"), "{p}");
         assert!(
             p.contains("smc_rs_fallbacks_by_reason{code=\"0x03010000\",name=\"PEERNOSMC\"} 2"),
             "{p}"

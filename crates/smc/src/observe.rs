@@ -246,7 +246,19 @@ fn stats_json(stack: &Stack) -> Value {
             v
         })
         .collect();
+    let sizes = stack.buffer_sizes();
+    let map = |m: &BTreeMap<usize, usize>| -> Value {
+        m.iter()
+            .map(|(size, n)| (size.to_string(), json!(n)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let bytes = |m: &BTreeMap<usize, usize>| m.iter().map(|(size, n)| size * n).sum::<usize>();
     json!({
+        "rmb_bytes": bytes(&sizes.rmbs),
+        "rmb_sizes": map(&sizes.rmbs),
+        "sndbuf_bytes": bytes(&sizes.sndbufs),
+        "sndbuf_sizes": map(&sizes.sndbufs),
         "link_groups": s.link_groups,
         "links": s.links,
         "rmbs": s.rmbs,

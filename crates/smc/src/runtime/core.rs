@@ -25,8 +25,8 @@ use super::conn::{ConnShared, ConnState};
 use super::host::{HostCtx, HostState};
 use super::routes::{client_route, eligibility, server_route};
 use super::{
-    sys, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo, LinkListing,
-    ListenerShared, Stats,
+    sys, BufferSizes, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo,
+    LinkListing, ListenerShared, Stats,
 };
 use crate::clc::{self, Eligibility};
 use crate::conn::{AbortReason, Conn, State};
@@ -609,6 +609,22 @@ impl Core {
                 idle: g.idle,
             })
             .collect()
+    }
+
+    /// Sizes of the RMBs registered and of the send buffers (in use or pooled):
+    /// size in bytes → how many.
+    pub(crate) fn buffer_sizes(&self) -> BufferSizes {
+        let mut b = BufferSizes::default();
+        for r in self.host.rmbs.values() {
+            *b.rmbs.entry(r.buf.len()).or_default() += 1;
+        }
+        for c in self.host.conns.values() {
+            *b.sndbufs.entry(c.sndbuf.len()).or_default() += 1;
+        }
+        for (buf, _) in self.host.sndbufs.values().flatten() {
+            *b.sndbufs.entry(buf.len()).or_default() += 1;
+        }
+        b
     }
 
     pub(crate) fn listener_addrs(&self) -> Vec<SocketAddr> {

@@ -329,6 +329,16 @@ pub struct ConnInfo {
     pub bytes_received: u64,
 }
 
+/// How many RMBs and send buffers of each size a stack holds (like the buffer-size
+/// lines of Linux `smcr stats`): size in bytes → count.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BufferSizes {
+    /// RMBs registered (in use or cached).
+    pub rmbs: std::collections::BTreeMap<usize, usize>,
+    /// Send buffers (in use or pooled).
+    pub sndbufs: std::collections::BTreeMap<usize, usize>,
+}
+
 /// Counters and gauges of a stack.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -676,6 +686,11 @@ impl Stack {
     /// Connections (addresses, mode, state, link group, bytes).
     pub fn connections(&self) -> Vec<ConnInfo> {
         self.inner.lock_core().conn_infos()
+    }
+
+    /// RMB and send buffer sizes ([`BufferSizes`]).
+    pub fn buffer_sizes(&self) -> BufferSizes {
+        self.inner.lock_core().buffer_sizes()
     }
 
     /// The local addresses of its listeners.
