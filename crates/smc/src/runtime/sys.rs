@@ -88,13 +88,15 @@ pub(crate) fn reset_tcp(tcp: TcpStream) {
 /// from that number) rather than at the lowest free one: a caller that put its socket
 /// out of the application's way (the `smc run` library places its descriptors above
 /// the program's, whose tables expect one low descriptor per TCP connection) keeps it
-/// there.
+/// there. No free number up there (the descriptor limit): the lowest free one.
 pub(crate) fn clone_in_place(tcp: &TcpStream) -> std::io::Result<TcpStream> {
     use std::os::fd::AsFd;
     let fd = tcp.as_fd();
     let from = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let d = rustix::io::fcntl_dupfd_cloexec(fd, from)?;
-    Ok(TcpStream::from(d))
+    match rustix::io::fcntl_dupfd_cloexec(fd, from) {
+        Ok(d) => Ok(TcpStream::from(d)),
+        Err(_) => tcp.try_clone(),
+    }
 }
 
 /// Open file descriptors of this process (for leak accounting in [`super::Stats`]).
