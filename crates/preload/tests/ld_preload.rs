@@ -358,6 +358,7 @@ fn child() {
         std::io::Error::last_os_error()
     );
     let mut five = [0u8; 5];
+    // SAFETY: an all-zero sockaddr_storage is valid (plain integers).
     let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut from_len = std::mem::size_of_val(&from) as libc::socklen_t;
     let mut got = 0;
