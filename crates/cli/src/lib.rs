@@ -20,6 +20,7 @@ pub mod endpoint;
 pub mod extract;
 pub mod harness;
 pub mod net;
+pub mod observe;
 pub mod payload;
 pub mod rdma;
 pub mod roce;

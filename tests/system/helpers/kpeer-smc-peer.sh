@@ -14,6 +14,10 @@
 #               TEST LINK runs; then a second process echoes 100 MiB (BIG, default 100M)
 #     decline   two echoes (4 KiB, 64 KiB); every one must fall back to TCP after a CLC
 #               Decline from the kernel and still echo correctly
+#     run       an unmodified program under `smc run`: `ncat` sends 4 MiB of random data,
+#               half-closes and reads the echo to the end (then again, a subsequent
+#               contact from a second process); identical, and SMC-Rv2 by the
+#               SMC_RS_STATS lines of the library
 #   server role (smc-client mode: kernel client, our server)
 #     serve     echo every connection until SIGTERM; then check: $KPEER_CONNS connections,
 #               SMC-Rv2 on one link group (first, then subsequent contact), or with
@@ -165,6 +169,24 @@ client/reuse)
   cat "$log/big.out"; grep -v ' INFO \| DEBUG ' "$log/big.err"
   [ "$rc" = 0 ] || fail "smc connect (${BIG:-100M}) exit $rc"
   grep -q '^conn .* echo=ok' "$log/big.out" || fail "big echo not verified"
+  echo "PEER OK"
+  ;;
+client/run)
+  head -c 4M /dev/urandom > "$log/run.in"
+  for i in 1 2; do
+    SMC_RS_LOCAL_ADDR=$KPEER_LOCAL_IP SMC_RS_STATS=$log/run.stats timeout 120 \
+      "$SMC" run ncat "$KPEER_PEER_IP" "$KPEER_PORT" < "$log/run.in" > "$log/run$i.out" 2> "$log/run$i.err"
+    rc=$?
+    grep -v ' INFO \| DEBUG ' "$log/run$i.err"
+    [ "$rc" = 0 ] || fail "smc run ncat ($i) exit $rc"
+    cmp -s "$log/run.in" "$log/run$i.out" || fail "smc run ncat ($i): the echo differs"
+  done
+  cat "$log/run.stats"
+  [ "$(grep -c ' connect .* mode=SMC-R info="SMC-Rv2 ' "$log/run.stats")" = 2 ] \
+    || fail "smc run ncat: not 2 SMC-Rv2 connections"
+  [ "$(grep -cE ' close .* mode=SMC-R sent=4194304 received=4194304$' "$log/run.stats")" = 2 ] \
+    || fail "smc run ncat: not 4 MiB each way through SMC-R on both connections"
+  echo "smc run ncat ×2 → the kernel's SMC-R echo server: 4 MiB each, identical, SMC-Rv2"
   echo "PEER OK"
   ;;
 client/decline)

@@ -377,8 +377,12 @@ pub(crate) fn connect_one(
     timeout: Option<Duration>,
 ) -> io::Result<Established> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    if let Err(e) = stack.tcp_option.mark(sock.as_fd()) {
-        debug!(error = %e, "cannot mark the socket for the SMC-R option");
+    // A destination the allow/deny lists keep on TCP gets no option in its SYN either
+    // (crate::policy), so that the server does not wait for a Proposal.
+    if stack.cfg.policy.keeps_tcp(addr).is_none() {
+        if let Err(e) = stack.tcp_option.mark(sock.as_fd()) {
+            debug!(error = %e, "cannot mark the socket for the SMC-R option");
+        }
     }
     if let Some(ip) = stack.cfg.local_addr {
         if ip.is_ipv4() == addr.is_ipv4() {

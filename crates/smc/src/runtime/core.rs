@@ -27,8 +27,8 @@ use super::conn::{ConnShared, ConnState, Path};
 use super::host::{HostCtx, HostState};
 use super::routes::{client_route, eligibility, server_route};
 use super::{
-    sys, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo, LinkListing,
-    ListenerShared, Stats,
+    sys, BufferSizes, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo,
+    LinkListing, ListenerShared, Stats,
 };
 use crate::clc::{self, Eligibility};
 use crate::conn::{AbortReason, Conn, State};
@@ -298,7 +298,14 @@ impl Core {
                     t.set_nonblocking(false)?;
                     Ok(t)
                 })
-                .map(|t| Established::Fallback(t, reason)),
+                .map(|t| {
+                    let role = match r.origin {
+                        Origin::Connect(_) => "client",
+                        _ => "server",
+                    };
+                    crate::observe::record_fallback(&t, role, &reason);
+                    Established::Fallback(t, reason)
+                }),
             RendezvousOutcome::Reset(reason) => {
                 if let Ok(t) = r.tcp.try_clone() {
                     sys::reset_tcp(t);
@@ -356,7 +363,7 @@ impl Core {
             }
         };
         let conn = Conn::new(nc.params, cfg.conn.clone()).map_err(|e| err(&e.to_string()))?;
-        let tcp = r.tcp.try_clone()?;
+        let tcp = sys::clone_in_place(&r.tcp)?;
         epoll::add(
             &self.epoll,
             &tcp,
@@ -795,6 +802,26 @@ impl Core {
             .collect()
     }
 
+    /// Sizes of the RMBs registered and of the send buffers (in use or pooled):
+    /// size in bytes → how many.
+    pub(crate) fn buffer_sizes(&self) -> BufferSizes {
+        let mut b = BufferSizes::default();
+        for r in self.host.rmbs.values() {
+            *b.rmbs.entry(r.buf.len()).or_default() += 1;
+        }
+        for c in self.host.conns.values() {
+            *b.sndbufs.entry(c.sndbuf.len()).or_default() += 1;
+        }
+        for (buf, _) in self.host.sndbufs.values().flatten() {
+            *b.sndbufs.entry(buf.len()).or_default() += 1;
+        }
+        b
+    }
+
+    pub(crate) fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.values().map(|l| l.local).collect()
+    }
+
     pub(crate) fn conn_infos(&self) -> Vec<ConnInfo> {
         let nums: BTreeMap<(clc::LgrId, crate::llc::LinkId), u8> = self
             .ep
@@ -880,7 +907,11 @@ pub(crate) fn register_client(
 ) -> io::Result<()> {
     let local = tcp.local_addr()?;
     let peer = tcp.peer_addr()?;
-    let elig = eligibility(inner, &tcp, peer);
+    // The allow/deny lists first (crate::policy): a kept-TCP connection sends nothing.
+    let elig = match inner.cfg.policy.keeps_tcp(peer) {
+        Some(reason) => crate::clc::Eligibility::NotEligible { reason },
+        None => eligibility(inner, &tcp, peer),
+    };
     tcp.set_nonblocking(true)?;
     let mut core = inner.lock_core();
     // The Proposal (or a not-eligible connection's end) goes out right here: one thread

@@ -74,6 +74,8 @@ pub struct StackConfig {
     /// A server link group that lost a link (or failed to add one) tries to add it again
     /// after this long (RFC 7609 C.8; 60 s; `SMC_RS_ADD_LINK_RETRY_MS`).
     pub add_link_retry: Duration,
+    /// Which destinations try SMC-R (SMC_RS_ALLOW / SMC_RS_DENY, [`crate::policy`]).
+    pub policy: crate::policy::SmcPolicy,
     /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
     /// default; `SMC_RS_SKIP_TCP_OPTION`).
     pub skip_tcp_option: SkipOptionPolicy,
@@ -160,6 +162,7 @@ impl StackConfig {
             llc_reply_timeout: Duration::from_secs(2),
             add_link_retry: Duration::from_secs(60),
             skip_tcp_option: SkipOptionPolicy::disabled(),
+            policy: crate::policy::SmcPolicy::default(),
             tcp_option: None,
             local_addr: None,
             devices: Vec::new(),
@@ -193,6 +196,12 @@ impl StackConfig {
         match SkipOptionPolicy::from_env() {
             Ok(p) => c.skip_tcp_option = p,
             Err(e) => warn!(error = %e, "SMC_RS_SKIP_TCP_OPTION ignored"),
+        }
+        match crate::policy::SmcPolicy::from_env() {
+            Ok(p) => c.policy = p,
+            Err(e) => {
+                warn!(error = %e, "SMC_RS_ALLOW / SMC_RS_DENY ignored: every destination tries SMC-R")
+            }
         }
         let size = |name: &str| -> Option<usize> {
             let v = std::env::var(name).ok()?;
@@ -314,7 +323,7 @@ pub struct LinkListing {
     pub peer_qpn: Option<u32>,
     /// Our device.
     pub device: String,
-    /// Our GID (the device's address, RoCEv2).
+    /// Our GID (the device's port GID; RoCEv2: the IPv4-mapped or IPv6 address).
     pub gid: String,
     /// Peer GID.
     pub peer_gid: Option<String>,
@@ -364,6 +373,16 @@ pub struct ConnInfo {
     pub failovers: u32,
     /// The wire number of the link its data goes on (`None`: rendezvous).
     pub link: Option<u8>,
+}
+
+/// How many RMBs and send buffers of each size a stack holds (like the buffer-size
+/// lines of Linux `smcr stats`): size in bytes → count.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BufferSizes {
+    /// RMBs registered (in use or cached).
+    pub rmbs: std::collections::BTreeMap<usize, usize>,
+    /// Send buffers (in use or pooled).
+    pub sndbufs: std::collections::BTreeMap<usize, usize>,
 }
 
 /// Counters and gauges of a stack.
@@ -664,7 +683,7 @@ impl fmt::Debug for Stack {
 impl Stack {
     /// The process-wide stack ([`StackConfig::from_env`]), started on first use.
     pub fn global() -> &'static Stack {
-        GLOBAL.get_or_init(|| {
+        let s = GLOBAL.get_or_init(|| {
             let s = match Stack::new(StackConfig::from_env()) {
                 Ok(s) => s,
                 // Creating an eventfd and a thread only fails when the process is out of
@@ -678,7 +697,11 @@ impl Stack {
                 debug!("atexit registration failed; peers notice our exit by TEST LINK");
             }
             s
-        })
+        });
+        // Its sockets are listed by `smc ss` (crate::observe).
+        static PUBLISH: std::sync::Once = std::sync::Once::new();
+        PUBLISH.call_once(|| crate::observe::publish(s));
+        s
     }
 
     /// A new stack with its own Peer ID and event thread.
@@ -736,6 +759,16 @@ impl Stack {
     /// Connections (addresses, mode, state, link group, bytes).
     pub fn connections(&self) -> Vec<ConnInfo> {
         self.inner.lock_core().conn_infos()
+    }
+
+    /// RMB and send buffer sizes ([`BufferSizes`]).
+    pub fn buffer_sizes(&self) -> BufferSizes {
+        self.inner.lock_core().buffer_sizes()
+    }
+
+    /// The local addresses of its listeners.
+    pub fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.inner.lock_core().listener_addrs()
     }
 
     /// Counters and gauges, including open QPs, RMB elements in use and fds.
