@@ -24,6 +24,7 @@ pub mod payload;
 pub mod rdma;
 pub mod roce;
 pub mod run;
+pub mod scale;
 pub mod signal;
 pub mod smc_cmd;
 pub mod ueid;

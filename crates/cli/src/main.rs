@@ -26,6 +26,9 @@ enum Command {
     Demo(smc_cli::smc_cmd::DemoArgs),
     /// Throughput, latency and connection rate: SMC-R vs kernel TCP, with the targets.
     Bench(smc_cli::smc_cmd::BenchArgs),
+    /// Many connections: N held open at once and M in sequence, SMC-R beside kernel TCP
+    /// (times, memory, threads, fds), with a server mode (--listen / --connect).
+    Scale(smc_cli::scale::ScaleArgs),
     /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
     #[command(subcommand)]
     Bpf(smc_bpf::cli::BpfCommand),
@@ -50,9 +53,11 @@ fn main() -> ExitCode {
     // The SMC commands say once that the TCP-option override is in use (demo and bench
     // set it themselves); smc-bpf's warning on every connection would bury their output.
     let default_filter = match cli.command {
-        Command::Listen(_) | Command::Connect(_) | Command::Demo(_) | Command::Bench(_) => {
-            "warn,smc::tcp_option::policy=error"
-        }
+        Command::Listen(_)
+        | Command::Connect(_)
+        | Command::Demo(_)
+        | Command::Bench(_)
+        | Command::Scale(_) => "warn,smc::tcp_option::policy=error",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -72,6 +77,7 @@ fn main() -> ExitCode {
         Command::Connect(args) => smc_cli::smc_cmd::connect(&args),
         Command::Demo(args) => smc_cli::smc_cmd::demo(&args),
         Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
+        Command::Scale(args) => smc_cli::smc_cmd::scale(&args),
         Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
         Command::Ueid(cmd) => smc_cli::ueid::command(&cmd),
         Command::Run(args) => smc_cli::run::command(&args),

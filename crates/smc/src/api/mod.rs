@@ -92,7 +92,7 @@ impl Drop for SmcHandle {
         st.released = true;
         self.conn.drive(&mut st, Instant::now());
         drop(st);
-        self.stack.post(Inbox::Released);
+        self.stack.post(Inbox::Released(self.conn.token));
     }
 }
 
@@ -103,18 +103,44 @@ pub(crate) enum Wait {
     Until(Option<Instant>),
 }
 
+/// What a blocked call waits for (runtime/conn.rs wakes readers and writers apart).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Read,
+    Write,
+}
+
 impl SmcHandle {
+    fn seq(&self, dir: Dir) -> &std::sync::atomic::AtomicU64 {
+        match dir {
+            Dir::Read => &self.conn.rx_seq,
+            Dir::Write => &self.conn.tx_seq,
+        }
+    }
+
     fn wait<'a>(
         &'a self,
         mut st: MutexGuard<'a, ConnState>,
         wait: Wait,
+        dir: Dir,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
         let drive = self.stack.cfg.rnic_drive;
+        let seq_of = self.seq(dir);
+        let cond = match dir {
+            Dir::Read => &self.conn.rx_cond,
+            Dir::Write => &self.conn.tx_cond,
+        };
+        fn drivers(st: &mut ConnState, dir: Dir) -> &mut Vec<DriveWaker> {
+            match dir {
+                Dir::Read => &mut st.rx_drivers,
+                Dir::Write => &mut st.tx_drivers,
+            }
+        }
         let st = if !drive.is_zero() {
             if let Wait::Until(deadline) = wait {
                 // Receive on this thread for a while (no lock held: the completion
                 // handler runs here and takes the connection's lock).
-                let seq = self.conn.wake_seq.load(Ordering::Acquire);
+                let seq = seq_of.load(Ordering::Acquire);
                 // The link can change under a failover: its device, as of now.
                 let device = st.path.link.device.clone();
                 // Registered under the lock before `seq` can move again: whoever
@@ -122,25 +148,25 @@ impl SmcHandle {
                 // CDC) wakes this thread's drive, which otherwise sleeps on the socket.
                 let waker = DriveWaker::current();
                 if let Some(w) = &waker {
-                    st.drivers.push(w.clone());
+                    drivers(&mut st, dir).push(w.clone());
                 }
                 drop(st);
                 let max = deadline.map_or(drive, |d| {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
-                let conn = &self.conn;
                 device.0.drive(
-                    &|| conn.wake_seq.load(Ordering::Acquire) != seq,
+                    &|| seq_of.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,
                 );
                 let mut st = self.conn.lock();
                 if let Some(w) = &waker {
-                    if let Some(i) = st.drivers.iter().position(|d| d.same(w)) {
-                        st.drivers.swap_remove(i);
+                    let v = drivers(&mut st, dir);
+                    if let Some(i) = v.iter().position(|d| d.same(w)) {
+                        v.swap_remove(i);
                     }
                 }
-                if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+                if seq_of.load(Ordering::Acquire) != seq {
                     return Ok(st);
                 }
                 st
@@ -154,14 +180,14 @@ impl SmcHandle {
         let st = if matches!(wait, Wait::Until(_)) && !busy.is_zero() {
             // Busy poll: spin a little for the completion thread's wake-up before
             // paying for a sleep and a thread wake-up.
-            let seq = self.conn.wake_seq.load(Ordering::Acquire);
+            let seq = seq_of.load(Ordering::Acquire);
             drop(st);
             let t0 = Instant::now();
-            while self.conn.wake_seq.load(Ordering::Acquire) == seq && t0.elapsed() < busy {
+            while seq_of.load(Ordering::Acquire) == seq && t0.elapsed() < busy {
                 std::hint::spin_loop();
             }
             let st = self.conn.lock();
-            if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+            if seq_of.load(Ordering::Acquire) != seq {
                 return Ok(st);
             }
             st
@@ -170,15 +196,13 @@ impl SmcHandle {
         };
         match wait {
             Wait::Never => Err(ErrorKind::WouldBlock.into()),
-            Wait::Until(None) => Ok(self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner())),
+            Wait::Until(None) => Ok(cond.wait(st).unwrap_or_else(|p| p.into_inner())),
             Wait::Until(Some(d)) => {
                 let now = Instant::now();
                 if now >= d {
                     return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
                 }
-                let (g, _) = self
-                    .conn
-                    .cond
+                let (g, _) = cond
                     .wait_timeout(st, d - now)
                     .unwrap_or_else(|p| p.into_inner());
                 Ok(g)
@@ -231,7 +255,7 @@ impl SmcHandle {
             if let Some(e) = st.conn.error() {
                 return Err(io_err(e));
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Read)?;
         }
     }
 
@@ -261,7 +285,7 @@ impl SmcHandle {
                 self.conn.drive(&mut st, Instant::now());
                 return Ok(n);
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Write)?;
         }
     }
 
@@ -280,7 +304,7 @@ impl SmcHandle {
                 self.conn.drive(&mut st, Instant::now());
                 return Ok(());
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Write)?;
         }
     }
 
@@ -306,7 +330,8 @@ impl SmcHandle {
             }
         }
         self.conn.drive(&mut st, now);
-        self.conn.cond.notify_all();
+        self.conn.rx_cond.notify_all();
+        self.conn.tx_cond.notify_all();
         Ok(())
     }
 }
@@ -357,7 +382,7 @@ pub(crate) fn connect_one(
     }
     if let Some(ip) = stack.cfg.local_addr {
         if ip.is_ipv4() == addr.is_ipv4() {
-            sock.bind(&SocketAddr::new(ip, 0).into())?;
+            crate::runtime::bind_no_port(&sock, ip)?;
         }
     }
     let t0 = Instant::now();

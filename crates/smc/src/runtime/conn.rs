@@ -47,8 +47,11 @@ pub(crate) struct ConnState {
     pub tcp_fin_sent: bool,
     /// The peer's FIN or RST was seen; no more monitoring.
     pub tcp_done: bool,
-    /// Timer the event thread knows about.
+    /// The machine's next deadline (`Conn::poll_timeout`).
     pub armed: Option<Instant>,
+    /// This connection's live entry in the stack's timer queue (`timers.rs`): the
+    /// earliest deadline queued and not yet taken out by the event thread.
+    pub queued: Option<Instant>,
     /// Waiting for send slots on the link.
     pub waiting_slots: bool,
     /// Every application handle is gone.
@@ -58,10 +61,11 @@ pub(crate) struct ConnState {
     pub nonblocking: bool,
     pub rx_waker: Option<Waker>,
     pub tx_waker: Option<Waker>,
-    /// Threads of blocking reads and writes inside `DeviceOps::drive` for this
-    /// connection, woken with `wake_seq` (the CDC they wait for may be received by
-    /// another thread).
-    pub drivers: Vec<DriveWaker>,
+    /// Threads of blocking reads inside `DeviceOps::drive` for this connection, woken
+    /// with `rx_seq` (the CDC they wait for may be received by another thread).
+    pub rx_drivers: Vec<DriveWaker>,
+    /// The same for blocking writes (`tx_seq`).
+    pub tx_drivers: Vec<DriveWaker>,
 }
 
 /// A connection shared by the application handles, the completion handler and the
@@ -76,11 +80,17 @@ pub(crate) struct ConnShared {
     pub version: u8,
     pub first_contact: bool,
     pub state: Mutex<ConnState>,
-    pub cond: Condvar,
+    /// Blocked readers wait here (data, urgent data, the peer's end, an error) ...
+    pub rx_cond: Condvar,
+    /// ... and blocked writers here (send buffer space, the peer's end, an error): an
+    /// ACK or a consumer-cursor update that frees send space wakes no reader (issue 15).
+    pub tx_cond: Condvar,
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
-    /// Bumped whenever readers or writers are woken (for busy polling).
-    pub wake_seq: AtomicU64,
+    /// Bumped whenever readers are woken (for busy polling and drivers).
+    pub rx_seq: AtomicU64,
+    /// Bumped whenever writers are woken.
+    pub tx_seq: AtomicU64,
     pub stack: Weak<Inner>,
     pub self_ref: Weak<ConnShared>,
 }
@@ -116,19 +126,21 @@ impl ConnShared {
         self.flush(st, now);
         let ev = st.conn.take_events();
         self.on_events(st, ev);
-        let t = st.conn.poll_timeout();
-        if t != st.armed {
-            let earlier = match (t, st.armed) {
-                (Some(n), Some(o)) => n < o,
-                (Some(_), None) => true,
-                _ => false,
-            };
-            st.armed = t;
-            if earlier {
-                if let Some(s) = self.stack.upgrade() {
-                    s.wake();
-                }
-            }
+        st.armed = st.conn.poll_timeout();
+        self.schedule(st);
+    }
+
+    /// Queues the deadline with the event thread when it has no entry at or before it
+    /// (`timers.rs`); a new entry wakes the event thread, which may sleep past it.
+    pub(crate) fn schedule(&self, st: &mut ConnState) {
+        let Some(t) = st.armed else { return };
+        if st.queued.is_some_and(|q| q <= t) {
+            return;
+        }
+        st.queued = Some(t);
+        if let Some(s) = self.stack.upgrade() {
+            s.timers.push(t, self.token);
+            s.wake();
         }
     }
 
@@ -228,23 +240,24 @@ impl ConnShared {
     }
 
     fn on_events(&self, st: &mut ConnState, ev: Events) {
-        if ev.intersects(
-            Events::READABLE
-                | Events::WRITABLE
-                | Events::URGENT
-                | Events::ERROR
-                | Events::PEER_DONE,
-        ) {
-            self.wake_seq.fetch_add(1, Ordering::Release);
-            self.cond.notify_all();
-            for d in &st.drivers {
+        // Readers and writers are woken apart: in a request/response exchange the
+        // requester reads right after writing, and the completion of its write (the
+        // RNIC's ACK) or the peer's consumer update only concerns a writer.
+        if ev.intersects(Events::READABLE | Events::URGENT | Events::ERROR | Events::PEER_DONE) {
+            self.rx_seq.fetch_add(1, Ordering::Release);
+            self.rx_cond.notify_all();
+            for d in &st.rx_drivers {
                 d.wake();
             }
-            if ev.intersects(Events::READABLE | Events::URGENT | Events::ERROR | Events::PEER_DONE)
-            {
-                if let Some(w) = st.rx_waker.take() {
-                    w.wake();
-                }
+            if let Some(w) = st.rx_waker.take() {
+                w.wake();
+            }
+        }
+        if ev.intersects(Events::WRITABLE | Events::ERROR | Events::PEER_DONE) {
+            self.tx_seq.fetch_add(1, Ordering::Release);
+            self.tx_cond.notify_all();
+            for d in &st.tx_drivers {
+                d.wake();
             }
             if ev.intersects(Events::WRITABLE | Events::ERROR) {
                 if let Some(w) = st.tx_waker.take() {
@@ -265,7 +278,7 @@ impl ConnShared {
                     s.post(Inbox::ResetTcp(self.token));
                 }
                 if ev.contains(Events::CLOSED) {
-                    s.post(Inbox::ConnClosed);
+                    s.post(Inbox::ConnClosed(self.token));
                 }
             }
         }

@@ -13,11 +13,12 @@
 use std::collections::BTreeMap;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use rustix::event::epoll;
 use smc_verbs::netdev::PathState;
 use smc_verbs::{AccessFlags, RdmaBuffer};
 use tracing::{debug, info, trace, warn};
@@ -38,6 +39,9 @@ use crate::endpoint::{
 
 /// Longest single `poll()` sleep (guards against a missed wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(500);
+
+/// Ready idle TCP sockets taken from the epoll set per look (more wait for the next).
+const EPOLL_BATCH: usize = 256;
 
 /// Where a finished rendezvous goes.
 enum Origin {
@@ -61,6 +65,13 @@ pub(crate) struct Core {
     next_tcp: u64,
     listeners: BTreeMap<u64, Arc<ListenerShared>>,
     next_listener: u64,
+    /// The idle TCP sockets of established connections (RFC 7609 §4.8: watched for FIN
+    /// and RST), registered once with their alert token: the event thread's wake-ups
+    /// then cost nothing per established connection.
+    epoll: OwnedFd,
+    /// Connections that reached CLOSED or were released since the last reap: the only
+    /// ones that may have become releasable.
+    reap_check: Vec<u32>,
 }
 
 impl Core {
@@ -70,14 +81,24 @@ impl Core {
         self.host.conns.values().cloned().collect()
     }
 
-    pub(crate) fn new(cfg: EndpointConfig) -> Core {
-        Core {
+    pub(crate) fn new(cfg: EndpointConfig) -> io::Result<Core> {
+        Ok(Core {
             ep: Endpoint::new(cfg),
             host: HostState::default(),
             rdvs: BTreeMap::new(),
             next_tcp: 0,
             listeners: BTreeMap::new(),
             next_listener: 0,
+            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+            reap_check: Vec::new(),
+        })
+    }
+
+    /// Stops watching a connection's idle TCP socket (before it is closed or once its
+    /// FIN or RST was seen: level-triggered, it would stay ready).
+    fn unwatch(&self, tcp: &TcpStream) {
+        if let Err(e) = epoll::delete(&self.epoll, tcp) {
+            trace!(error = %e, "epoll delete");
         }
     }
 
@@ -336,6 +357,12 @@ impl Core {
         };
         let conn = Conn::new(nc.params, cfg.conn.clone()).map_err(|e| err(&e.to_string()))?;
         let tcp = r.tcp.try_clone()?;
+        epoll::add(
+            &self.epoll,
+            &tcp,
+            epoll::EventData::new_u64(u64::from(nc.token)),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )?;
         let shared = Arc::new_cyclic(|me| ConnShared {
             token: nc.token,
             lgr: nc.lgr,
@@ -359,6 +386,7 @@ impl Core {
                 tcp_fin_sent: false,
                 tcp_done: false,
                 armed: None,
+                queued: None,
                 waiting_slots: false,
                 released: false,
                 read_timeout: None,
@@ -366,12 +394,15 @@ impl Core {
                 nonblocking: false,
                 rx_waker: None,
                 tx_waker: None,
-                drivers: Vec::new(),
+                rx_drivers: Vec::new(),
+                tx_drivers: Vec::new(),
             }),
-            cond: Condvar::new(),
+            rx_cond: Condvar::new(),
+            tx_cond: Condvar::new(),
             bytes_sent: Default::default(),
             bytes_received: Default::default(),
-            wake_seq: Default::default(),
+            rx_seq: Default::default(),
+            tx_seq: Default::default(),
             stack: Arc::downgrade(inner),
             self_ref: me.clone(),
         });
@@ -408,12 +439,15 @@ impl Core {
                 if let Some(c) = self.host.conns.get(&t) {
                     let mut st = c.lock();
                     if let Some(tcp) = st.tcp.take() {
+                        if !st.tcp_done {
+                            self.unwatch(&tcp);
+                        }
                         sys::reset_tcp(tcp);
                     }
                     st.tcp_done = true;
                 }
             }
-            Inbox::ConnClosed | Inbox::Released => {}
+            Inbox::ConnClosed(t) | Inbox::Released(t) => self.reap_check.push(t),
         }
     }
 
@@ -499,6 +533,9 @@ impl Core {
         let mut b = [0u8; 256];
         loop {
             let mut st = c.lock();
+            if st.tcp_done {
+                return;
+            }
             let r = match st.tcp.as_mut() {
                 Some(t) => t.read(&mut b),
                 None => return,
@@ -506,6 +543,9 @@ impl Core {
             match r {
                 Ok(0) => {
                     st.tcp_done = true;
+                    if let Some(t) = &st.tcp {
+                        self.unwatch(t);
+                    }
                     let closing = !matches!(st.conn.state(), State::Active | State::PeerCloseWait1);
                     drop(st);
                     self.ep(inner, |ep, h| ep.conn_tcp_fin(now, h, token, closing));
@@ -524,6 +564,9 @@ impl Core {
                     // RST (RFC 7609 §4.8.2): abort the SMC-R connection.
                     debug!(token, error = %e, "TCP connection reset");
                     st.tcp_done = true;
+                    if let Some(t) = &st.tcp {
+                        self.unwatch(t);
+                    }
                     drop(st);
                     self.ep.conn_tcp_error(token);
                     self.apply(inner);
@@ -537,45 +580,59 @@ impl Core {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep(inner, |ep, h| ep.handle_timeout(now, h));
         }
-        for c in self.host.conns.values() {
+        // Only the due entries of the timer queue (timers.rs), not every connection.
+        while let Some((at, token)) = inner.timers.pop_due(now) {
+            let Some(c) = self.host.conns.get(&token) else {
+                continue; // released since
+            };
             let mut st = c.lock();
+            if st.queued != Some(at) {
+                continue; // superseded by an earlier entry
+            }
+            st.queued = None;
             if st.armed.is_some_and(|t| t <= now) {
                 st.armed = None;
                 st.conn.on_timeout(now);
                 c.drive(&mut st, now);
+            } else {
+                // The deadline moved later (or went away) since it was queued.
+                c.schedule(&mut st);
             }
         }
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
-        let mut d = self.ep.poll_timeout();
-        for c in self.host.conns.values() {
-            if let Some(t) = c.lock().armed {
-                d = Some(d.map_or(t, |x| x.min(t)));
-            }
+    fn next_deadline(&self, inner: &Inner) -> Option<Instant> {
+        match (self.ep.poll_timeout(), inner.timers.next()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        d
     }
 
     /// Releases connections that are closed and no longer referenced by the application.
-    fn reap(&mut self, inner: &Arc<Inner>, now: Instant) {
-        let done: Vec<u32> = self
-            .host
-            .conns
-            .iter()
-            .filter(|(_, c)| {
+    /// Looks only at the connections that reached CLOSED or were released since the
+    /// last time (`Inbox::ConnClosed`, `Inbox::Released`): one of the two is always
+    /// the last step before a connection can go.
+    fn reap(&mut self, inner: &Arc<Inner>, now: Instant, check: &mut Vec<u32>) {
+        // Swapped, not taken: both vectors keep their capacity.
+        std::mem::swap(&mut self.reap_check, check);
+        for t in check.drain(..) {
+            let done = self.host.conns.get(&t).is_some_and(|c| {
                 let st = c.lock();
                 st.released && st.conn.state() == State::Closed
-            })
-            .map(|(t, _)| *t)
-            .collect();
-        for t in done {
+            });
+            if !done {
+                continue;
+            }
             let Some(c) = self.host.conns.remove(&t) else {
                 continue;
             };
             let (link, mr) = {
                 let mut st = c.lock();
-                drop(st.tcp.take());
+                if let Some(tcp) = st.tcp.take() {
+                    if !st.tcp_done {
+                        self.unwatch(&tcp);
+                    }
+                }
                 (st.path.link.clone(), st.path.sndbuf_mr.clone())
             };
             // The send buffer is registered on the PD of the connection's last link.
@@ -585,6 +642,12 @@ impl Core {
             }
             debug!(token = t, "connection released");
             self.ep(inner, |ep, h| ep.conn_released(now, h, t));
+        }
+        // Timer entries of released connections (timers.rs), once they outnumber the
+        // live ones. The heap's lock is taken alone here (no connection lock inside it).
+        if inner.timers.len() > 2 * (self.host.conns.len() + 64) {
+            let conns = &self.host.conns;
+            inner.timers.retain_tokens(|t| conns.contains_key(&t));
         }
         self.listeners
             .retain(|_, l| !l.closed.load(Ordering::SeqCst));
@@ -674,7 +737,11 @@ impl Core {
             let mut st = c.lock();
             st.conn.kill(AbortReason::LinkLost);
             c.drive(&mut st, now);
-            st.tcp.take();
+            if let Some(tcp) = st.tcp.take() {
+                if !st.tcp_done {
+                    self.unwatch(&tcp);
+                }
+            }
         }
         for res in self.host.links.values() {
             res.destroy();
@@ -858,7 +925,8 @@ enum Fd {
     Wake,
     Listener(u64),
     Rdv(TcpId),
-    Conn(u32),
+    /// The epoll set of the established connections' idle TCP sockets.
+    Conns,
     NetMon,
 }
 
@@ -870,6 +938,8 @@ pub(crate) fn run(inner: Arc<Inner>) {
     let mut fds: Vec<libc::pollfd> = Vec::new();
     let mut what: Vec<Fd> = Vec::new();
     let mut msgs: Vec<Inbox> = Vec::new();
+    let mut ready: Vec<epoll::Event> = Vec::with_capacity(EPOLL_BATCH);
+    let mut reap_check: Vec<u32> = Vec::new();
     loop {
         if inner.stop.load(Ordering::SeqCst) {
             let mut core = inner.lock_core();
@@ -904,17 +974,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
                     what.push(Fd::Rdv(*id));
                 }
             }
-            for (t, c) in &core.host.conns {
-                let st = c.lock();
-                if let Some(tcp) = &st.tcp {
-                    if !st.tcp_done {
-                        fds.push(pfd(tcp.as_raw_fd(), libc::POLLIN | libc::POLLRDHUP));
-                        what.push(Fd::Conn(*t));
-                    }
-                }
-            }
+            // The established connections' sockets: one fd, however many there are.
+            fds.push(pfd(core.epoll.as_fd().as_raw_fd(), libc::POLLIN));
+            what.push(Fd::Conns);
             let now = Instant::now();
-            core.next_deadline()
+            core.next_deadline(&inner)
                 .map(|d| d.saturating_duration_since(now))
                 .unwrap_or(MAX_SLEEP)
                 .min(MAX_SLEEP)
@@ -953,11 +1017,30 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 }
                 Fd::Listener(id) => core.on_listener(&inner, id),
                 Fd::Rdv(id) => core.on_rdv_io(&inner, id, now, &mut buf),
-                Fd::Conn(t) => core.on_conn_tcp(&inner, t, now),
+                Fd::Conns => {
+                    ready.clear();
+                    let zero = rustix::event::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    match epoll::wait(
+                        &core.epoll,
+                        rustix::buffer::spare_capacity(&mut ready),
+                        Some(&zero),
+                    ) {
+                        Ok(_) => {
+                            for ev in ready.iter() {
+                                let data = ev.data;
+                                core.on_conn_tcp(&inner, data.u64() as u32, now);
+                            }
+                        }
+                        Err(e) => debug!(error = %e, "epoll_wait failed"),
+                    }
+                }
             }
         }
         core.on_timers(&inner, now);
-        core.reap(&inner, now);
+        core.reap(&inner, now, &mut reap_check);
     }
 }
 

@@ -17,6 +17,7 @@ pub(crate) mod link;
 mod netmon;
 mod routes;
 mod sys;
+mod timers;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -446,10 +447,10 @@ pub(crate) enum Inbox {
         link: llc::LinkId,
     },
     ResetTcp(u32),
-    /// A connection reached CLOSED (it may be released).
-    ConnClosed,
-    /// The application dropped its last handle.
-    Released,
+    /// A connection (its alert token) reached CLOSED (it may be released).
+    ConnClosed(u32),
+    /// The application dropped its last handle on a connection.
+    Released(u32),
 }
 
 /// What a rendezvous hands to the API.
@@ -489,6 +490,10 @@ pub(crate) fn discard(e: Established) {
         st.conn.close(Instant::now());
         st.released = true;
         c.drive(&mut st, Instant::now());
+        drop(st);
+        if let Some(s) = c.stack.upgrade() {
+            s.post(Inbox::Released(c.token));
+        }
     }
 }
 
@@ -537,6 +542,8 @@ pub(crate) struct Inner {
     core: Mutex<Core>,
     pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
+    /// The connections' deadlines (`timers.rs`).
+    pub(crate) timers: timers::TimerQueue,
     efd: EventFd,
     /// Interface and address notifications (`None`: no rtnetlink socket; links then fail
     /// only by QP errors and TEST LINK).
@@ -688,9 +695,10 @@ impl Stack {
             instance: rand::random::<u16>(),
             peer_id: OnceLock::new(),
             tcp_option,
-            core: Mutex::new(Core::new(ep_cfg)),
+            core: Mutex::new(Core::new(ep_cfg)?),
             tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
+            timers: Default::default(),
             efd: EventFd::new()?,
             netmon: netmon::NetMon::open()
                 .map_err(|e| {
@@ -770,6 +778,7 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
+pub(crate) use self::sys::bind_no_port;
 
 #[cfg(test)]
 mod tests {
