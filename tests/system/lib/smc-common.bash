@@ -52,11 +52,14 @@ start_listen() {
   local pre=()
   while [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
-  "${pre[@]}" "$SMC" listen "$@" < "${LISTEN_STDIN:-/dev/null}" > "$WORK/$name.out" 2> "$WORK/$name.err" &
+  # Emptied here, not only by the background job's own redirections: those happen in the
+  # child, after the fork, and the wait below could otherwise read a previous listener's
+  # "listening on" line under the same name (and take its port, or an emptied file).
+  : > "$WORK/$name.out"; : > "$WORK/$name.err"
+  "${pre[@]}" "$SMC" listen "$@" < "${LISTEN_STDIN:-/dev/null}" >> "$WORK/$name.out" 2>> "$WORK/$name.err" &
   LPID=$!
   PIDS+=("$LPID")
   local i
-  # Up to 60 s: on a loaded machine a listener opening its devices can take seconds.
   for i in $(seq 1200); do
     grep -q "^listening on" "$WORK/$name.err" 2>/dev/null && break
     kill -0 "$LPID" 2>/dev/null || break

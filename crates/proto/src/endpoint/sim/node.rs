@@ -286,6 +286,15 @@ impl Node {
             .collect()
     }
 
+    /// The QPs the connections' data goes on (their current links).
+    pub fn conn_qps(&self) -> Vec<u32> {
+        self.hs
+            .conns
+            .values()
+            .filter_map(|c| self.hs.by_link.get(&(c.lgr, c.link)).copied())
+            .collect()
+    }
+
     /// Whether QP `qpn` belongs to a link the llc machine has active.
     pub fn qp_active(&self, qpn: u32) -> bool {
         self.hs.qps.get(&qpn).is_some_and(|q| {

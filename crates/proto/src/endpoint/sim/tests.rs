@@ -611,3 +611,72 @@ fn link_fails_while_confirm_rkey_outstanding() {
     });
     assert_reached("link_fails_while_confirm_rkey_outstanding", reached);
 }
+
+/// Both nodes lose the same link at nearly the same moment (a path gone, seen by both
+/// ends: interface down on both sides of a cable), mid-transfer, twice: the first time
+/// on the connection's link, the second time (after the C.8 re-add) on the link it moved
+/// to. Their DELETE LINKs and validation CDCs cross. The echo is exact, nothing leaks.
+#[test]
+fn both_nodes_lose_the_link_twice() {
+    let reached = each_seed("both_nodes_lose_the_link_twice", |seed| {
+        // A quick C.8 re-add, so that the second cut comes mid-transfer too.
+        let mut w = World::new(seed);
+        let mut cfg = config();
+        cfg.add_link_retry = Duration::from_millis(20);
+        let s = w.add_node_with_devices(cfg.clone(), ConnConfig::default(), 2);
+        let c = w.add_node_with_devices(cfg, ConnConfig::default(), 2);
+        let data = payload(seed, 6_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: data.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        assert_eq!(active_links(&w, c), 2, "two links");
+        let mut cuts = 0;
+        for round in 0..2 {
+            // The client's QP of the connection's link, and the server's at its other end.
+            let Some(cq) = w.nodes[c].conn_qps().first().copied() else {
+                break;
+            };
+            let Some(sq) = w.nodes[c].qp_peer(cq) else {
+                break;
+            };
+            let a = w.delay((0, 500));
+            let b = w.delay((0, 500));
+            w.fail_link_at(a, c, cq);
+            w.fail_link_at(b, s, sq);
+            cuts += 1;
+            if round == 0 {
+                // The cut happens, then the server adds the link again (C.8 retry).
+                w.run_for(Duration::from_millis(2));
+                for _ in 0..2000 {
+                    if active_links(&w, s) == 2 && active_links(&w, c) == 2 {
+                        break;
+                    }
+                    w.run_for(Duration::from_micros(200));
+                }
+                if active_links(&w, s) < 2 || active_links(&w, c) < 2 {
+                    break;
+                }
+            }
+        }
+        w.run(Duration::from_secs(600));
+        let r = w.nodes[c].results();
+        assert!(
+            r[0].done,
+            "echo did not finish: {} bytes back, {:?}",
+            r[0].received.len(),
+            r[0].error
+        );
+        assert!(r[0].error.is_none(), "{:?}", r[0].error);
+        assert!(r[0].received == data, "echo intact");
+        check_clean(&w);
+        cuts == 2 && w.nodes[c].ep.counters().failovers >= 2
+    });
+    assert_reached("both_nodes_lose_the_link_twice", reached);
+}
