@@ -18,6 +18,12 @@ have curl     || need+=(curl)
 have redis-server    || need+=(redis-server)
 have redis-benchmark || need+=(redis-tools)
 have iperf3   || need+=(iperf3)
+# tests/system/smc-run-programs.sh: more unmodified programs under `smc run` (nginx is
+# installed without starting its service: policy-rc.d or not, the test runs its own).
+have nginx    || need+=(nginx)
+have wrk      || need+=(wrk)
+have sockperf || need+=(sockperf)
+have ncat     || need+=(ncat)
 have python3  || need+=(python3)
 # tests/system/roce-netem.sh: loss/duplication with nftables when the kernel has no sch_netem.
 have nft      || need+=(nftables)

@@ -57,7 +57,7 @@ done
 # UDP segmentation offload, so br0 splits each train before tcpdump sees it (and rxe gets
 # the segments). Should a tap ever offer it, run with SMC_RS_SOFTROCE_GSO=0.
 : "${PEER_CMD:=}" "${PEER_TIMEOUT:=600}" "${PEER_GRACE:=5}" "${PEER_MUST_EXIT:=0}"
-: "${PEER_VM:=0}" "${PEER_FILES:=}" "${HOST_CMD:=}"
+: "${PEER_VM:=0}" "${PEER_FILES:=}" "${HOST_CMD:=}" "${LINKS:=1}"
 : "${PORT:=5000}" "${SCEN:=echo}" "${SIZES:=}" "${CONNS:=}" "${HOLD:=0}" "${IDLE:=0}"
 : "${BUFSIZE:=}" "${UEID:=SMC-RS-KPEER}" "${SERVER_UEID:=}" "${CLIENT_UEID:=}" "${PEER_UEID:=}"
 : "${SYSCTLS=net.smc.smcr_testlink_time=5}" "${TEARDOWN:=none}" "${EXPECT:=}"
@@ -138,6 +138,7 @@ check_value KERNEL_APPEND "$KERNEL_APPEND" '[A-Za-z0-9 =,._/-]*'
 check_value TEARDOWN "$TEARDOWN" 'none|rmmod'
 check_value EXPECT "$EXPECT" 'smcr|fallback|decline|peernosmc|any'
 check_value RDMA_DEV "$RDMA_DEV" 'rxe|siw'
+check_value LINKS "$LINKS" '[12]'
 check_value SIW_MPA_REV "$SIW_MPA_REV" '[12]'
 for v in CAPTURE DECODE NO_INSTALL CHECK_TESTLINK CHECK_OPTION VERBS_CHK PEER_MUST_EXIT SIW_P2P SIW_CRC PEER_VM; do
 	check_value "$v" "${!v}" '[01]'
@@ -160,6 +161,13 @@ if [ "$PEER_VM" = 1 ]; then
 	smc-server | smc-client | peer-host) ;;
 	*) die "$EXIT_USAGE" "PEER_VM=1 works with the modes smc-server, smc-client and peer-host" ;;
 	esac
+fi
+if [ "$LINKS" = 2 ]; then
+	case "$MODE" in
+	smc-pair | smc-server | smc-client | prepare) ;;
+	*) die "$EXIT_USAGE" "LINKS=2 works with the modes smc-pair, smc-server and smc-client" ;;
+	esac
+	[ "$PEER_VM" = 0 ] || die "$EXIT_USAGE" "LINKS=2 does not work with PEER_VM=1"
 fi
 [ "$MODE" != peer-host ] || [ -n "$HOST_CMD" ] || die "$EXIT_USAGE" "MODE=peer-host needs HOST_CMD"
 [ "$MODE" = peer-host ] || [ -z "$HOST_CMD" ] || die "$EXIT_USAGE" "HOST_CMD is only for MODE=peer-host"
@@ -197,16 +205,19 @@ start_capture
 {
 	for v in MODE SCEN SIZES CONNS HOLD IDLE BUFSIZE EXPECT CHECK_TESTLINK CHECK_OPTION TEARDOWN PORT \
 		SERVER_UEID CLIENT_UEID PEER_UEID SYSCTLS VERBS_TOOLS VERBS_ITERS VERBS_SIZE \
-		CAPTURE DECODE PEER_MUST_EXIT PEER_VM DMESG_FAIL KPKG KDEBVER KVER RDMA_DEV SIW_P2P SIW_MPA_REV SIW_CRC; do
+		CAPTURE DECODE PEER_MUST_EXIT PEER_VM DMESG_FAIL KPKG KDEBVER KVER RDMA_DEV SIW_P2P SIW_MPA_REV SIW_CRC LINKS; do
 		printf '%s=%s\n' "$v" "${!v}"
 	done
 	printf 'ACCEL=%s\nSERVER_IP=%s\nCLIENT_IP=%s\nPEER_IP=%s\nHAS_PEER=%s\n' \
 		"$ACCEL_USED" "$SERVER_IP" "$CLIENT_IP" "$PEER_IP" "$([ -n "$PEER_CMD" ] && echo 1 || echo 0)"
+	[ "$LINKS" = 1 ] || printf 'SERVER_IP2=%s\nCLIENT_IP2=%s\nPEER_IP2=%s\n' "$SERVER_IP2" "$CLIENT_IP2" "$PEER_IP2"
 } >"$OUT/config.env"
 
 # ------------------------------------------------------------------ VMs
-smc_conf() { # NAME ROLE IP PEER UEID
-	write_conf "$OUT/$1" KP_VM="$1" KP_ROLE="$2" KP_IP="$3/$NET_PREFIX" KP_PEER="$4" \
+smc_conf() { # NAME ROLE IP PEER UEID [IP2]
+	local ip2=""
+	[ -z "${6:-}" ] || ip2=$6/$NET_PREFIX
+	write_conf "$OUT/$1" KP_VM="$1" KP_ROLE="$2" KP_IP="$3/$NET_PREFIX" KP_PEER="$4" KP_IP2="$ip2" \
 		KP_PORT="$PORT" KP_SCEN="$SCEN" KP_SIZES="$SIZES" KP_CONNS="$CONNS" KP_HOLD="$HOLD" \
 		KP_IDLE="$IDLE" KP_BUFSIZE="$BUFSIZE" KP_UEID="$5" KP_SYSCTLS="$SYSCTLS" \
 		KP_TEARDOWN="$TEARDOWN" KP_IOTIMEOUT="$IOTIMEOUT"
@@ -235,13 +246,20 @@ ready_or_fail() { # NAME: wait until the VM reports ready
 T_VM=$(date +%s.%N)
 export KPEER_SCEN=$SCEN KPEER_SIZES=$SIZES KPEER_CONNS=$PLANNED_CONNS KPEER_HOLD=$HOLD KPEER_IDLE=$IDLE
 export KPEER_BUFSIZE=$BUFSIZE KPEER_PORT=$PORT KPEER_UEID=$PEER_UEID
+# LINKS=2: every VM has eth1/rxe1 at IP2 and PEER_CMD a second address (README, "LINKS=2")
+SRV_IP2="" CLI_IP2="" SRV_MAC2="" CLI_MAC2=""
+if [ "$LINKS" = 2 ]; then
+	SRV_IP2=$SERVER_IP2 CLI_IP2=$CLIENT_IP2 SRV_MAC2=$SERVER_MAC2 CLI_MAC2=$CLIENT_MAC2
+	export KPEER_LOCAL_IP2=$PEER_IP2
+fi
+export KPEER_LINKS=$LINKS
 
 case "$MODE" in
 smc-pair)
-	smc_conf server smc-server "$SERVER_IP" "" "$SERVER_UEID"
-	smc_conf client smc-client "$CLIENT_IP" "$SERVER_IP" "$CLIENT_UEID"
-	boot_vm server tap0 "$SERVER_MAC"
-	boot_vm client tap1 "$CLIENT_MAC"
+	smc_conf server smc-server "$SERVER_IP" "" "$SERVER_UEID" "$SRV_IP2"
+	smc_conf client smc-client "$CLIENT_IP" "$SERVER_IP" "$CLIENT_UEID" "$CLI_IP2"
+	boot_vm server tap0 "$SERVER_MAC" "$SRV_MAC2"
+	boot_vm client tap1 "$CLIENT_MAC" "$CLI_MAC2"
 	if ready_or_fail server && ready_or_fail client &&
 		vm_wait server 'listen ' 1 60 && vm_wait client 'wait-go' 1 60; then
 		vm_ctl client go
@@ -258,9 +276,10 @@ smc-pair)
 	;;
 
 smc-server)
-	smc_conf server smc-server "$SERVER_IP" "" "$SERVER_UEID"
-	boot_vm server tap0 "$SERVER_MAC"
-	export KPEER_ROLE=client KPEER_PEER_IP=$SERVER_IP KPEER_KERNEL_UEID=$SERVER_UEID
+	smc_conf server smc-server "$SERVER_IP" "" "$SERVER_UEID" "$SRV_IP2"
+	boot_vm server tap0 "$SERVER_MAC" "$SRV_MAC2"
+	export KPEER_ROLE=client KPEER_PEER_IP=$SERVER_IP KPEER_KERNEL_UEID=$SERVER_UEID KPEER_KERNEL_VM=server
+	[ "$LINKS" = 1 ] || export KPEER_PEER_IP2=$SERVER_IP2
 	if ready_or_fail server && vm_wait server 'listen ' 1 60; then
 		KPEER_GID=$(vm_gid server)
 		export KPEER_GID
@@ -281,10 +300,11 @@ smc-server)
 	;;
 
 smc-client)
-	smc_conf client smc-client "$CLIENT_IP" "$PEER_IP" "$CLIENT_UEID"
-	export KPEER_ROLE=server KPEER_PEER_IP=$CLIENT_IP KPEER_KERNEL_UEID=$CLIENT_UEID
+	smc_conf client smc-client "$CLIENT_IP" "$PEER_IP" "$CLIENT_UEID" "$CLI_IP2"
+	export KPEER_ROLE=server KPEER_PEER_IP=$CLIENT_IP KPEER_KERNEL_UEID=$CLIENT_UEID KPEER_KERNEL_VM=client
+	[ "$LINKS" = 1 ] || export KPEER_PEER_IP2=$CLIENT_IP2
 	start_peer smc-server
-	boot_vm client tap1 "$CLIENT_MAC"
+	boot_vm client tap1 "$CLIENT_MAC" "$CLI_MAC2"
 	wait_ok=1
 	# a PEER_CMD in a VM first boots it (up to ~35 s under TCG on a busy machine)
 	deadline=$(($(date +%s) + 120 + PEER_VM * 180))

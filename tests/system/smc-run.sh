@@ -79,8 +79,8 @@ if [ -n "$spid" ] && [ -n "$cpid" ] && [ "$(smc_lines "$cpid" SMC-R)" = 2 ] \
   ok "  both connections SMC-R on both ends (first and subsequent contact), 20 MiB each through SMC-R"
 else fail "http: connections not SMC-R (server pid ${spid:-?}, curl pid ${cpid:-?})"; show "$STATS"; fi
 
-# One SMC-R process per address at a time (each opens UDP 4791 on its address; a
-# second one gets no device and declines): the next servers need this one gone.
+# Done with this server (processes can share an address's UDP 4791 since the port
+# sharing of docs/port-sharing.md; smc-run-many.sh tests that).
 kill "$HPID" 2>/dev/null; wait "$HPID" 2>/dev/null
 
 # --- nc, client → server and server → client ---------------------------------

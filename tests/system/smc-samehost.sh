@@ -101,6 +101,12 @@ for i in $(seq 100); do [ "$(maps "$SRV")" -gt "$maps0" ] && break; sleep 0.05; 
 sleep 0.5
 [ "$(maps "$SRV")" -gt "$maps0" ] && ok "listener maps the client's memory ($(maps "$SRV") mappings)" \
   || fail "no same-host mapping during the transfer"
+# `smc ss` labels both ends SAMEHOST (no link group), never SMCR.
+"$SMC" ss --json > "$WORK/ss.json" 2>&1
+ss_modes=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sorted(set((s['mode'], s.get('lgr')) for s in d if str(s['pid']) in sys.argv[2:] and s['mode'] != 'SMC')))" \
+  "$WORK/ss.json" "$SRV" "$KPID" 2>&1)
+[ "$ss_modes" = "[('SAMEHOST', None)]" ] && ok "smc ss: both ends SAMEHOST, no link group" \
+  || { fail "smc ss modes: $ss_modes"; show "$WORK/ss.json"; }
 kill -9 "$KPID"; t0=$(date +%s.%N)
 clean=""
 for i in $(seq 200); do

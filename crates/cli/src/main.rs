@@ -26,6 +26,9 @@ enum Command {
     Demo(smc_cli::smc_cmd::DemoArgs),
     /// Throughput, latency and connection rate: SMC-R vs kernel TCP, with the targets.
     Bench(smc_cli::smc_cmd::BenchArgs),
+    /// Many connections: N held open at once and M in sequence, SMC-R beside kernel TCP
+    /// (times, memory, threads, fds), with a server mode (--listen / --connect).
+    Scale(smc_cli::scale::ScaleArgs),
     /// Install, inspect or remove the eBPF program that puts the SMC-R option in SYN/SYN-ACK.
     #[command(subcommand)]
     Bpf(smc_bpf::cli::BpfCommand),
@@ -36,6 +39,16 @@ enum Command {
     /// Run an unmodified program with its TCP sockets on SMC-R where the peer can
     /// (LD_PRELOAD of libsmc_preload.so; see the README, "Running unmodified programs").
     Run(smc_cli::run::Args),
+    /// Every SMC socket of every smc-rs process on the host (like smcss): process, state,
+    /// addresses, mode, fallback reason, link group, bytes.
+    Ss(smc_cli::observe::SsArgs),
+    /// Link groups and links of every smc-rs process (like smcr linkgroup show).
+    Lgr(smc_cli::observe::LgrArgs),
+    /// Host-wide SMC counters (like smcr stats); `reset` zeroes them.
+    Stats(smc_cli::observe::StatsArgs),
+    /// Try an SMC connection to HOST:PORT and say whether SMC-R was used, and if not why
+    /// and what to change (like smc_chk).
+    Chk(smc_cli::observe::ChkArgs),
     /// Show or change the user EIDs (UEIDs) that SMC-Rv2 needs (file shared by every stack).
     #[command(subcommand)]
     Ueid(smc_cli::ueid::UeidCommand),
@@ -50,9 +63,12 @@ fn main() -> ExitCode {
     // The SMC commands say once that the TCP-option override is in use (demo and bench
     // set it themselves); smc-bpf's warning on every connection would bury their output.
     let default_filter = match cli.command {
-        Command::Listen(_) | Command::Connect(_) | Command::Demo(_) | Command::Bench(_) => {
-            "warn,smc::tcp_option::policy=error"
-        }
+        Command::Listen(_)
+        | Command::Connect(_)
+        | Command::Demo(_)
+        | Command::Bench(_)
+        | Command::Scale(_) => "warn,smc::tcp_option::policy=error",
+        Command::Chk(_) => "warn,smc::tcp_option::policy=error",
         _ => "warn",
     };
     tracing_subscriber::fmt()
@@ -72,8 +88,13 @@ fn main() -> ExitCode {
         Command::Connect(args) => smc_cli::smc_cmd::connect(&args),
         Command::Demo(args) => smc_cli::smc_cmd::demo(&args),
         Command::Bench(args) => smc_cli::smc_cmd::bench(&args),
+        Command::Scale(args) => smc_cli::smc_cmd::scale(&args),
         Command::Rdma(cmd) => smc_cli::rdma::command(&cmd),
         Command::Ueid(cmd) => smc_cli::ueid::command(&cmd),
+        Command::Ss(args) => smc_cli::observe::ss(&args),
+        Command::Lgr(args) => smc_cli::observe::lgr(&args),
+        Command::Stats(args) => smc_cli::observe::stats(&args),
+        Command::Chk(args) => smc_cli::observe::chk(&args),
         Command::Run(args) => smc_cli::run::command(&args),
         Command::Bpf(cmd) => {
             smc_bpf::route_libbpf_logs();

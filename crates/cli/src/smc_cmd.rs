@@ -143,8 +143,8 @@ impl Inspect for StackInspect<'_> {
             o,
             "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
              rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
-             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} \
-             same-host={} same-host-total={} provider={} devices={}",
+             first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} failovers={} \
+             paths-down={} same-host={} same-host-total={} provider={} devices={}",
             st.link_groups,
             conns.len(),
             st.smc_connections,
@@ -163,6 +163,8 @@ impl Inspect for StackInspect<'_> {
             st.rmbs_deleted,
             st.lgrs_ended,
             st.links_failed,
+            st.failovers,
+            st.paths_down,
             st.same_host_connections,
             st.same_host_total,
             self.0.config().provider.name(),
@@ -174,12 +176,13 @@ impl Inspect for StackInspect<'_> {
                 .iter()
                 .map(|l| {
                     format!(
-                        "{}:{} qpn={:#x} peer-qpn={} dev={} peer-gid={}",
+                        "{}:{} qpn={:#x} peer-qpn={} dev={} gid={} peer-gid={}",
                         l.num,
                         l.state,
                         l.qpn,
                         l.peer_qpn.map(|q| format!("{q:#x}")).unwrap_or("-".into()),
                         l.device,
+                        l.gid,
                         l.peer_gid.as_deref().unwrap_or("-")
                     )
                 })
@@ -201,14 +204,16 @@ impl Inspect for StackInspect<'_> {
         for c in &conns {
             let _ = writeln!(
                 o,
-                "stats: conn {} → {} {} state={} lgr={} sent={} received={}",
+                "stats: conn {} → {} {} state={} lgr={} sent={} received={} link={} failovers={}",
                 c.local,
                 c.peer,
                 c.mode,
                 c.state,
                 c.lgr.map(|l| l.to_string()).unwrap_or("-".into()),
                 c.bytes_sent,
-                c.bytes_received
+                c.bytes_received,
+                c.link.map(|l| l.to_string()).unwrap_or("-".into()),
+                c.failovers
             );
         }
         o
@@ -709,4 +714,64 @@ fn finish_bench(
         bail!("the SMC-R side fell back to TCP");
     }
     Ok(())
+}
+
+/// `smc scale`'s view of the process's stack.
+struct StackGauge(&'static Stack);
+
+impl crate::scale::Gauge for StackGauge {
+    fn connections(&self) -> usize {
+        let s = self.0.stats();
+        s.smc_connections + s.handshakes
+    }
+    fn link_groups(&self) -> usize {
+        self.0.stats().link_groups
+    }
+    fn buffers_per_conn(&self) -> usize {
+        let c = self.0.config();
+        // The RMB element is rounded up to 16 KiB × 2^n (RFC 7609 A.2.3).
+        c.rmb_size.max(16 * 1024).next_power_of_two() + c.sndbuf_size
+    }
+}
+
+/// `smc scale`: many connections (see [`crate::scale`]).
+pub fn scale(args: &crate::scale::ScaleArgs) -> ExitCode {
+    exit(run_scale(args), "scale")
+}
+
+fn run_scale(args: &crate::scale::ScaleArgs) -> Result<()> {
+    if let Some(ip) = args.listen {
+        let stack = start(None, args.stats, false)?;
+        let l = SmcListener::bind_with(stack, SocketAddr::new(ip, args.port))
+            .context("SMC-R listener")?;
+        let tl = crate::scale::tcp_listener(SocketAddr::new(ip, args.port.wrapping_add(1)))
+            .context("TCP listener")?;
+        eprintln!(
+            "listening on {} (TCP {})",
+            l.local_addr()?,
+            tl.local_addr()?
+        );
+        let tcp = std::thread::Builder::new()
+            .name("scale-tcp".into())
+            .spawn(move || crate::scale::serve(tl))?;
+        let r = crate::scale::serve(l);
+        let _ = tcp.join();
+        if args.stats {
+            endpoint::print_stats(&StackInspect(stack), "at exit");
+        }
+        return r;
+    }
+    let Some(ip) = args.connect else {
+        anyhow::bail!("--listen IP or --connect IP");
+    };
+    let stack = start(args.bind, false, true)?;
+    let r = crate::scale::run_client(
+        &SmcNet { stack },
+        &StackGauge(stack),
+        &crate::scale::BoundTcp(args.bind),
+        args,
+        ip,
+    );
+    terminate(stack, Duration::from_secs(30));
+    r
 }

@@ -66,6 +66,7 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
     let local = s.local_addr()?;
     let peer = s.peer_addr()?;
     let (app, ours) = std::os::unix::net::UnixStream::pair()?;
+    let ours = real::move_high(ours);
     ours.set_nonblocking(true)?;
     let counters = Arc::new(Counters::default());
     let c = counters.clone();
@@ -268,9 +269,13 @@ pub(crate) unsafe fn connect(
     let fl = real::fcntl_raw(fd, libc::F_GETFL, 0);
     let nonblocking = fl >= 0 && fl & libc::O_NONBLOCK != 0;
     bind_local(fd, &target);
-    // SAFETY: `fd` is open for the duration of this call.
-    if let Err(e) = stack.mark_tcp_option(unsafe { BorrowedFd::borrow_raw(fd) }) {
-        tracing::debug!(error = %e, "cannot mark the socket for the SMC-R option");
+    // A destination the allow/deny lists (SMC_RS_ALLOW / SMC_RS_DENY) keep on TCP: no
+    // option in the SYN either.
+    if stack.config().policy.keeps_tcp(target).is_none() {
+        // SAFETY: `fd` is open for the duration of this call.
+        if let Err(e) = stack.mark_tcp_option(unsafe { BorrowedFd::borrow_raw(fd) }) {
+            tracing::debug!(error = %e, "cannot mark the socket for the SMC-R option");
+        }
     }
     // SAFETY: the caller's arguments, unchanged.
     let r = unsafe { real_connect(fd, addr, len) };
@@ -293,7 +298,7 @@ pub(crate) unsafe fn connect(
         }
     }
     let nodelay = real::sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY);
-    let dup = real::fcntl_raw(fd, libc::F_DUPFD_CLOEXEC, 0);
+    let dup = real::dup_high(fd);
     if dup < 0 {
         return 0;
     }

@@ -409,3 +409,63 @@ pub unsafe extern "C" fn setsockopt(
         }
     }
 }
+
+/// Whether `fd` is an SMC-R stream of ours. Only asked when a send names a destination.
+fn is_stream(fd: c_int) -> bool {
+    matches!(table::lookup(fd), Some(Entry::Stream(_)))
+}
+
+/// sendto(2). TCP ignores a destination given on a connected socket (Linux
+/// `tcp_sendmsg` never reads it), but an AF_UNIX stream — what an SMC-R descriptor is —
+/// refuses one with EISCONN; programs such as sockperf name the peer on every send.
+/// For our streams the destination is dropped, as TCP would; a call without one (the
+/// usual case) goes straight to libc.
+///
+/// # Safety
+/// As for sendto(2).
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: libc::size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: socklen_t,
+) -> libc::ssize_t {
+    let Some(f) = real::sendto() else {
+        return missing() as libc::ssize_t;
+    };
+    if len != 0 && is_stream(fd) {
+        // SAFETY: the caller's buffer, without the destination (see above).
+        return unsafe { f(fd, buf, n, flags, std::ptr::null(), 0) };
+    }
+    // SAFETY: the caller's arguments.
+    unsafe { f(fd, buf, n, flags, addr, len) }
+}
+
+/// sendmsg(2): as `sendto`, a destination (`msg_name`) on an SMC-R stream is dropped.
+///
+/// # Safety
+/// As for sendmsg(2).
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(
+    fd: c_int,
+    msg: *const libc::msghdr,
+    flags: c_int,
+) -> libc::ssize_t {
+    let Some(f) = real::sendmsg() else {
+        return missing() as libc::ssize_t;
+    };
+    // SAFETY: a non-null `msg` is a valid msghdr (the caller's contract).
+    if !msg.is_null() && unsafe { (*msg).msg_namelen } != 0 && is_stream(fd) {
+        // SAFETY: as above; the copy shares the caller's iovecs and control data,
+        // which stay valid for the call.
+        let mut m = unsafe { std::ptr::read(msg) };
+        m.msg_name = std::ptr::null_mut();
+        m.msg_namelen = 0;
+        // SAFETY: the caller's message without its destination.
+        return unsafe { f(fd, &m, flags) };
+    }
+    // SAFETY: the caller's arguments.
+    unsafe { f(fd, msg, flags) }
+}

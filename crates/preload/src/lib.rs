@@ -4,8 +4,9 @@
 //! The library interposes the few libc calls where a TCP socket's fate is decided —
 //! `connect`, `listen`, `accept`/`accept4` — and those that must answer for the
 //! descriptors it hands out — `close`, `dup`/`dup2`/`dup3`, `fcntl(F_DUPFD*)`,
-//! `getsockname`/`getpeername`, `getsockopt`/`setsockopt` — all found with
-//! `dlsym(RTLD_NEXT)`. Every AF_INET/AF_INET6 TCP socket the program connects or
+//! `getsockname`/`getpeername`, `getsockopt`/`setsockopt`, and `sendto`/`sendmsg` (a
+//! destination named on a connected socket, which TCP ignores, is dropped for ours) —
+//! all found with `dlsym(RTLD_NEXT)`. Every AF_INET/AF_INET6 TCP socket the program connects or
 //! listens on goes through the SMC-R runtime (`Stack::global()`, configured from the
 //! environment like the `smc` command's): the TCP option (eBPF when installed, or
 //! `SMC_RS_SKIP_TCP_OPTION`), CLC, then SMC-R or TCP with the reason.
@@ -65,12 +66,19 @@ static INIT: OnceLock<Option<u32>> = OnceLock::new();
 
 fn init() -> Option<u32> {
     *INIT.get_or_init(|| {
-        if std::env::var_os("SMC_LOG").is_some() {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::from_env("SMC_LOG"))
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
+        // Warnings reach the program's stderr even without SMC_LOG: what takes SMC-R
+        // away from the whole process (no RDMA device, a RoCEv2 port that cannot be
+        // shared) must never be silent. SMC_LOG=off silences them.
+        let filter = tracing_subscriber::EnvFilter::try_from_env("SMC_LOG").unwrap_or_else(|_| {
+            // The TCP-option override's per-connection warning is for SMC_LOG users
+            // (the `smc` command does the same).
+            tracing_subscriber::EnvFilter::new("warn,smc::tcp_option::policy=error")
+        });
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init();
         smc_providers::install_default();
         smc_bpf::install_default();
         // SAFETY: three plain `extern "C"` functions with no arguments.

@@ -42,7 +42,27 @@ impl Drop for ListenerEntry {
         if std::process::id() == self.owner {
             // Stops accepting: the SmcListener is dropped with the task.
             if let Some(t) = task {
+                let stack = Stack::global();
+                let listed = || {
+                    stack
+                        .listener_addrs()
+                        .iter()
+                        .filter(|a| **a == self.local)
+                        .count()
+                };
+                let before = listed();
                 t.abort();
+                // close(2) of a TCP listener frees its port at once, and programs
+                // listen on it again right away (iperf3 -s between two tests): wait
+                // until the runtime has closed its descriptor of the socket (its event
+                // thread drops a closed listener on its next turn), at most 1 s.
+                let t0 = std::time::Instant::now();
+                while before > 0
+                    && listed() >= before
+                    && t0.elapsed() < std::time::Duration::from_secs(1)
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
             }
         } else {
             // A forked child: the runtime is the parent's.
@@ -86,7 +106,7 @@ pub(crate) fn listen(
 }
 
 fn dup_cloexec(fd: c_int) -> io::Result<OwnedFd> {
-    let d = real::fcntl_raw(fd, libc::F_DUPFD_CLOEXEC, 0);
+    let d = real::dup_high(fd);
     if d < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -116,6 +136,7 @@ fn adopt(stack: &Stack, fd: c_int) -> io::Result<SocketAddr> {
     }
     // SAFETY: both descriptors are new and ours.
     let (app, feed) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    let feed = real::move_high(feed);
     let ffl = real::fcntl_raw(feed.as_raw_fd(), libc::F_GETFL, 0);
     real::fcntl_raw(
         feed.as_raw_fd(),

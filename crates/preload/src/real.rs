@@ -45,6 +45,8 @@ real! {
     getpeername: fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
     getsockopt: fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int;
     setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
+    sendto: fn(c_int, *const c_void, libc::size_t, c_int, *const sockaddr, socklen_t) -> libc::ssize_t;
+    sendmsg: fn(c_int, *const libc::msghdr, c_int) -> libc::ssize_t;
 }
 
 /// `errno` of this thread.
@@ -106,4 +108,51 @@ pub(crate) fn dup3_raw(old: c_int, new: c_int, flags: c_int) -> c_int {
         Some(f) => unsafe { f(old, new, flags) },
         None => fail(libc::ENOSYS),
     }
+}
+
+/// Where the library's own descriptors (pump ends, its copies of TCP sockets) start:
+/// above the application's. Programs size tables by the descriptors they expect — one
+/// per TCP connection, numbered lowest-free (wrk's event loop holds 10 + 3 × its
+/// connections) — so ours must not take the low numbers. Half the soft RLIMIT_NOFILE,
+/// at most 4096 (a higher floor would grow every process's descriptor table for
+/// nothing).
+fn fd_floor() -> c_int {
+    static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    *FLOOR.get_or_init(|| {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return 0;
+        }
+        (r.rlim_cur / 2).min(4096) as c_int
+    })
+}
+
+/// A close-on-exec duplicate of `fd` numbered from [`fd_floor`] (or the lowest free
+/// number if none is free there), or -1 with errno.
+pub(crate) fn dup_high(fd: c_int) -> c_int {
+    let d = fcntl_raw(fd, libc::F_DUPFD_CLOEXEC, fd_floor() as c_ulong);
+    if d >= 0 {
+        return d;
+    }
+    fcntl_raw(fd, libc::F_DUPFD_CLOEXEC, 0)
+}
+
+/// `fd` (which we own) moved to a number from [`fd_floor`]; `fd` itself if that fails.
+pub(crate) fn move_high<T: std::os::fd::FromRawFd + std::os::fd::IntoRawFd>(fd: T) -> T {
+    let raw = fd.into_raw_fd();
+    let d = dup_high(raw);
+    if d < 0 {
+        // SAFETY: `raw` is still ours (into_raw_fd gave up ownership to us).
+        return unsafe { T::from_raw_fd(raw) };
+    }
+    if let Some(f) = close() {
+        // SAFETY: `raw` is ours and replaced by `d`.
+        unsafe { f(raw) };
+    }
+    // SAFETY: `d` is a new descriptor of the same file that nothing else owns.
+    unsafe { T::from_raw_fd(d) }
 }

@@ -319,6 +319,70 @@ fn child() {
         "the parent's link group outlived the child's exit()"
     );
 
+    // 7. A destination named on a connected stream (sendto/sendmsg, as sockperf does):
+    // TCP ignores it, so must an SMC-R descriptor (an AF_UNIX socket would say EISCONN).
+    let dest = socket2::SockAddr::from(addr);
+    // SAFETY: sends our buffer, naming the peer's address of the right length.
+    let n = unsafe {
+        libc::sendto(
+            c5.as_raw_fd(),
+            b"to".as_ptr().cast(),
+            2,
+            0,
+            dest.as_ptr().cast(),
+            dest.len(),
+        )
+    };
+    assert_eq!(
+        n,
+        2,
+        "sendto with an address: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut iov = libc::iovec {
+        iov_base: b"msg".as_ptr() as *mut libc::c_void,
+        iov_len: 3,
+    };
+    // SAFETY: zeroed msghdr is valid (no name, no control); filled below.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_name = dest.as_ptr() as *mut libc::c_void;
+    m.msg_namelen = dest.len();
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    // SAFETY: a valid msghdr pointing at live buffers.
+    let n = unsafe { libc::sendmsg(c5.as_raw_fd(), &m, 0) };
+    assert_eq!(
+        n,
+        3,
+        "sendmsg with msg_name: {}",
+        std::io::Error::last_os_error()
+    );
+    let mut five = [0u8; 5];
+    // SAFETY: an all-zero sockaddr_storage is valid (plain integers).
+    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut from_len = std::mem::size_of_val(&from) as libc::socklen_t;
+    let mut got = 0;
+    while got < 5 {
+        // SAFETY: receives into the rest of `five`, the source into `from`.
+        let r = unsafe {
+            libc::recvfrom(
+                s5.as_raw_fd(),
+                five[got..].as_mut_ptr().cast(),
+                5 - got,
+                0,
+                (&mut from as *mut libc::sockaddr_storage).cast(),
+                &mut from_len,
+            )
+        };
+        assert!(r > 0, "recvfrom: {}", std::io::Error::last_os_error());
+        got += r as usize;
+    }
+    assert_eq!(&five, b"tomsg");
+    assert_eq!(
+        from_len, 0,
+        "recvfrom on a stream gives no source address, as TCP"
+    );
+
     // 6. Pre-forking: a child accepts on the listener it inherited (the connection's
     // pump runs in this process, which listened) and echoes.
     // SAFETY: the child accepts, echoes and calls _exit.

@@ -25,6 +25,8 @@
 
 pub mod api;
 pub mod defaults;
+pub mod observe;
+pub mod policy;
 pub mod runtime;
 pub mod tcp_option;
 pub mod ueid_file;
@@ -35,4 +37,6 @@ pub use smc_proto::{clc, conn, endpoint, llc};
 pub use api::tokio;
 pub use api::{Mode, SmcListener, SmcStream};
 pub use clc::FallbackReason;
-pub use runtime::{ConnInfo, LinkGroupId, LinkGroupInfo, LinkListing, Stack, StackConfig, Stats};
+pub use runtime::{
+    BufferSizes, ConnInfo, LinkGroupId, LinkGroupInfo, LinkListing, Stack, StackConfig, Stats,
+};

@@ -6,7 +6,7 @@
 //! may take over receiving for a while (see [`Engine::enter_driver`]).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::cq::CqShared;
 use crate::device::{DevShared, Stats};
 use crate::mr::MrTable;
-use crate::net::{active_mtu_for, derived_mac, netdev_for, udp_socket};
+use crate::net::{active_mtu_for, derived_mac, netdev_for};
 use crate::qp::QpShared;
 use crate::rx::{enable_gro, has_udp_gso, icrc_ok, recv_batch, sockaddr_ip, RxBatch};
 use crate::thread::{become_engine, on_engine_thread};
@@ -45,6 +45,9 @@ pub(crate) struct Engine {
     pub(crate) dev: Arc<DevShared>,
     qps: RwLock<HashMap<u32, Arc<QpShared>>>,
     next_qpn: AtomicU32,
+    /// This process's slot of a shared port (its QPNs' top bits), kept
+    /// while the device lives.
+    shared: Option<crate::share::SharedPort>,
     pub(crate) next_pd: AtomicU32,
     pub(crate) shutdown: AtomicBool,
     pub(crate) running: AtomicBool,
@@ -156,7 +159,14 @@ impl Engine {
             return Err(VerbsError::ResourceExhausted("queue pairs"));
         }
         let qpn = loop {
-            let q = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            let n = self.next_qpn.fetch_add(1, Ordering::Relaxed);
+            let q = match &self.shared {
+                Some(s) => {
+                    (s.slot << crate::share::SLOT_SHIFT)
+                        | (n & ((1 << crate::share::SLOT_SHIFT) - 1))
+                }
+                None => n & 0x00ff_ffff,
+            };
             // QPN 0 and 1 are special in IBA; rxe starts at 17.
             if q >= 17 && !m.contains_key(&q) {
                 break q;
@@ -190,8 +200,9 @@ impl Engine {
     pub(crate) fn open(local: IpAddr, config: &Config, thread: bool) -> Result<Arc<Engine>> {
         let port = config.udp_port.unwrap_or(4791);
         let peer_port = config.peer_port.unwrap_or(4791);
-        let sock = udp_socket(local)?;
-        sock.bind(&SocketAddr::new(local, port).into())?;
+        // Shared with the other processes on the address where possible
+        // (share.rs, docs/port-sharing.md): QPNs then carry our slot.
+        let (sock, shared) = crate::share::bind_device(local, port)?;
         // The port actually bound (port 0 asks the kernel for one): the ICRC
         // of received packets covers it.
         let port = sock
@@ -260,6 +271,7 @@ impl Engine {
             // sends to a QPN nobody owns — dropped as unknown — instead of into the new
             // process's QP with a plausible PSN. rxe starts at 17; any value ≥ 17 is legal.
             next_qpn: AtomicU32::new(17 + crate::mr::random_u32() % 0x00f0_0000),
+            shared,
             next_pd: AtomicU32::new(1),
             shutdown: AtomicBool::new(false),
             running: AtomicBool::new(true),
@@ -276,7 +288,8 @@ impl Engine {
                 .name(format!("{}-engine", eng.dev.attr.name))
                 .spawn(move || engine_main(e))?;
         }
-        tracing::info!(name = %eng.dev.attr.name, %local, port, mtu = eng.dev.attr.active_mtu.bytes(), gso, gro, "softroce device open");
+        let slot = eng.shared.as_ref().map(|s| s.slot);
+        tracing::info!(name = %eng.dev.attr.name, %local, port, ?slot, mtu = eng.dev.attr.active_mtu.bytes(), gso, gro, "softroce device open");
         Ok(eng)
     }
 

@@ -66,6 +66,7 @@ mod mr;
 mod net;
 mod qp;
 mod rx;
+mod share;
 mod thread;
 mod tx;
 mod verbs;
@@ -77,6 +78,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 pub use config::{Config, FaultConfig};
 pub use device::Stats;
+pub use share::{ShareError, ENV_SHARE};
 pub use verbs::stats;
 
 /// The software RoCEv2 RNIC provider (implements [`smc_verbs::Provider`]).

@@ -49,6 +49,37 @@ pub fn carrier_of(ip: IpAddr) -> Option<String> {
         .map(|a| a.name)
 }
 
+/// Whether an address can carry RoCE traffic, as the kernel's RoCE GID table and
+/// port state see it: a GID exists only while its address is configured, and the
+/// port is active only while the netdev is running (rxe reports `IB_EVENT_PORT_ERR`
+/// when its netdev goes down; SMC-R then fails the port's links, RFC 7609 §4.6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PathState {
+    /// The address is configured and its interface is running.
+    Up,
+    /// No interface carries the address any more.
+    AddressGone,
+    /// The interface carrying the address is down (administratively or no carrier).
+    InterfaceDown(String),
+}
+
+/// The [`PathState`] of local address `ip`, uncached (getifaddrs: interface flags
+/// come from the calling thread's network namespace, unlike sysfs). Loopback
+/// addresses without an interface of their own are served by `lo`.
+pub fn path_state(ip: IpAddr) -> PathState {
+    let all = if_addrs::get_if_addrs().unwrap_or_default();
+    let carrier = all.iter().find(|i| i.ip() == ip).or_else(|| {
+        all.iter()
+            .find(|i| ip.is_loopback() && i.is_loopback() && i.ip().is_ipv4() == ip.is_ipv4())
+    });
+    match carrier {
+        None => PathState::AddressGone,
+        // Linux: `oper_status` is IFF_RUNNING (up, with carrier).
+        Some(i) if !i.is_oper_up() => PathState::InterfaceDown(i.name.clone()),
+        Some(_) => PathState::Up,
+    }
+}
+
 /// The MTU of netdev `name` (sysfs).
 pub fn mtu(name: &str) -> Option<usize> {
     std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
@@ -84,5 +115,16 @@ mod tests {
         assert_eq!(mac(&lo), None);
         // Not a local address and not loopback: nobody carries it.
         assert_eq!(carrier_of("192.0.2.77".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn path_state_of_loopback_and_of_an_absent_address() {
+        assert_eq!(path_state("127.0.0.1".parse().unwrap()), PathState::Up);
+        // Any 127.x is lo's (127.0.0.1/8).
+        assert_eq!(path_state("127.9.8.7".parse().unwrap()), PathState::Up);
+        assert_eq!(
+            path_state("192.0.2.77".parse().unwrap()),
+            PathState::AddressGone
+        );
     }
 }

@@ -122,6 +122,10 @@ pub trait DeviceOps: Send + Sync {
 pub struct Device(pub Arc<dyn DeviceOps>);
 
 impl Device {
+    /// The same open device (not merely equal attributes).
+    pub fn same(&self, other: &Device) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
+    }
     /// Attributes.
     pub fn attr(&self) -> &DeviceAttr {
         self.0.attr()

@@ -60,6 +60,7 @@ FIELDS = [
     "smcv2llc.type", "smcv2llc.flags", "smcv2llc.length_big_endian", "infiniband.bth.opcode",
     "_ws.malformed", "infiniband.bth.destqp", "infiniband.bth.psn",
     "iwarp_mpa.rev", "iwarp_mpa.ulpdulength", "iwarp_rdma.opcode",
+    "smcv2llc.link_num", "smcv2llc.reason", "smcv2llc.rtoken_others", "frame.time_relative",
 ]
 RDMAP_OPCODES = {0: "RDMAP_Write", 1: "RDMAP_Read_Request", 2: "RDMAP_Read_Response",
                  3: "RDMAP_Send", 4: "RDMAP_Send_Invalidate", 5: "RDMAP_Send_SE",
@@ -98,6 +99,9 @@ def census(capture):
         "llc": collections.Counter(), "llc_length_big_endian": 0,
         "ib_opcodes": collections.Counter(), "retransmitted": 0,
         "iwarp_frames": 0, "iwarp": collections.Counter(),
+        # every v2 LLC message in order: the link-group story (ADD LINK accepted or
+        # rejected, CONFIRM LINK on which link, CONFIRM RKEY's rtokens, DELETE LINK reasons)
+        "llc_events": [],
     }
     testlink = []  # (src, dst, is_response)
     seen_psn = set()
@@ -107,7 +111,7 @@ def census(capture):
             f += [""] * (len(FIELDS) - len(f))
         (num, src, dst, tflags, exid, exdata, clc, pfc, cfc, diag, llc1, cdcseq,
          llc2, llc2flags, llc2be, opcode, malformed, destqp, psn,
-         mpa_rev, ulpdu_len, rdmap_op) = f[:len(FIELDS)]
+         mpa_rev, ulpdu_len, rdmap_op, link_num, reason, rt_others, t_rel) = f[:len(FIELDS)]
         if mpa_rev or ulpdu_len:
             c["iwarp_frames"] += 1
             if mpa_rev:
@@ -155,6 +159,21 @@ def census(capture):
                 c["llc_length_big_endian"] += 1
             if lt2 == 0x27:
                 testlink.append((src, dst, bool(resp)))
+            else:
+                fl2 = as_int(llc2flags) or 0
+                ev = {"frame": as_int(num), "time": float(t_rel or 0), "type": name,
+                      "response": bool(resp), "src": src, "dst": dst, "flags": fl2}
+                if as_int(link_num) is not None:
+                    ev["link"] = as_int(link_num)
+                if lt2 == 0x22 and resp:
+                    ev["rejected"] = bool(fl2 & 0x40)
+                if lt2 == 0x24:
+                    ev["all"] = bool(fl2 & 0x40)
+                    ev["orderly"] = bool(fl2 & 0x20)
+                    ev["reason"] = as_int(reason)
+                if lt2 == 0x26 and as_int(rt_others) is not None:
+                    ev["rtokens"] = as_int(rt_others) + 1
+                c["llc_events"].append(ev)
         lt1 = as_int(llc1)
         if lt1 is not None and lt1 != 0xFE and lt1 in LLC1_NAMES:
             c["llc"]["v1 %s %s" % (LLC1_NAMES[lt1], d)] += 1
@@ -185,6 +204,16 @@ def render(c, icrc):
                 out.append("  %6d  %s" % (v, k))
     for d, v in sorted(c["testlink"].items()):
         out.append("TEST LINK %s: %d requests, %d answered" % (d, v["requests"], v["answered"]))
+    if c.get("llc_events"):
+        out.append("LLC messages other than TEST LINK, in order:")
+        for e in c["llc_events"]:
+            extra = "".join(" %s=%s" % (k, e[k]) for k in ("link", "rejected", "all", "orderly", "rtokens")
+                            if k in e)
+            if e.get("reason") is not None:
+                extra += " reason=0x%08x" % e["reason"]
+            out.append("  %8.3fs #%-6s %-13s %-8s %s>%s%s" % (
+                e["time"], e["frame"], e["type"], "response" if e["response"] else "request",
+                e["src"], e["dst"], extra))
     if c["retransmitted"]:
         out.append("RC retransmissions of SMC messages (counted once above): %d" % c["retransmitted"])
     if c["llc_length_big_endian"]:

@@ -977,13 +977,20 @@ static int conn_close(struct conn *c)
 	if (!c->at_open.found)
 		conn_fail(c, "no-smc_diag-entry");
 	diag_fmt(&c->at_open, d, sizeof(d));
+	/* end_*: smc_diag after the data, before close(): after a failover (RFC 7609
+	 * section 4.6) still SMCR, on the link the connection moved to */
 	out("conn", "role=%s idx=%d scen=%s result=%s %s lgrs=%s sent=%llu recv=%llu mismatch=%llu "
-		    "rx_fnv=%016llx secs=%.3f mbps=%.2f end_state=%u err=%s detail=%s",
+		    "rx_fnv=%016llx secs=%.3f mbps=%.2f end_state=%u end_mode=%s end_link_id=%u "
+		    "end_ibdev=%s err=%s detail=%s",
 	    c->role, c->idx, c->scen, c->fail ? "fail" : "ok", d, c->lgrs,
 	    (unsigned long long)c->sent, (unsigned long long)c->recvd,
 	    (unsigned long long)c->bad, (unsigned long long)c->rx_hash, secs,
 	    secs > 0 ? (c->sent + c->recvd) / secs / 1e6 : 0.0, end.found ? end.state : 0,
-	    *c->err ? c->err : "-", *c->detail ? c->detail : "-");
+	    end.found ? mode_name(end.mode) : "-", end.have_lgr ? end.link_id : 0,
+	    end.have_lgr ? end.ibdev : "-", *c->err ? c->err : "-", *c->detail ? c->detail : "-");
+	/* the kernel's link groups and links as this connection ends (after a failover and
+	 * re-add: which links it has now) */
+	lgr_dump(1, NULL, 0);
 	close(c->fd);
 	return c->fail;
 }

@@ -140,6 +140,12 @@ def check_mode(v, expect, vm, conn):
         return
     if expect == "smcr":
         v.check(mode == "SMCR", desc + " (expected SMCR)")
+        # smc_diag again after the data (before close): still SMCR, also after a failover
+        end_mode = conn.get("end_mode")
+        if end_mode not in (None, "-"):
+            v.check(end_mode == "SMCR", "%s conn %s: smc_diag after the data: mode=%s link %s (%s)%s" % (
+                vm.name, conn.get("idx"), end_mode, conn.get("end_link_id"), conn.get("end_ibdev"),
+                "" if end_mode == "SMCR" else " (expected SMCR)"))
     elif expect == "fallback":
         v.check(mode == "FALLBACK", desc + " (expected a TCP fallback)")
     elif expect == "peernosmc":
@@ -166,11 +172,14 @@ def scan_dmesg(v, vm, extra):
         v.info("%s kernel: %s" % (vm.name, l.strip()))
 
 
-def vm_basics(v, vm):
+def vm_basics(v, vm, cfg_links="1"):
     boot, ready, end = vm.first("boot"), vm.first("ready"), vm.first("end")
     v.check(boot is not None and ready is not None,
             "%s booted and got ready%s" % (vm.name, " (kernel %s, rxe gid %s)" % (
                 boot.get("kernel"), ready.get("gid")) if boot and ready else ""))
+    if ready is not None and cfg_links == "2":
+        v.check(ready.get("gid2") is not None, "%s has its second NIC and RDMA device (LINKS=2): %s %s gid %s" % (
+            vm.name, ready.get("ip2"), ready.get("rxe2"), ready.get("gid2")))
     for f in vm.all("fatal"):
         v.check(False, "%s fatal error at stage %s" % (vm.name, f.get("stage")))
     for e in vm.all("error"):
@@ -410,7 +419,7 @@ def main(argv):
     for e in infra:
         v.check(False, "harness: " + e)
     for vm in vms + ([guest] if guest else []):
-        vm_basics(v, vm)
+        vm_basics(v, vm, cfg.get("LINKS", "1"))
         scan_dmesg(v, vm, cfg.get("DMESG_FAIL", ""))
     if cfg["MODE"] == "peer-host":
         check_peer(v, cfg, steps, ["guest", "host"])

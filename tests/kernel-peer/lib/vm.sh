@@ -12,6 +12,16 @@ NET_PREFIX=24
 SERVER_MAC=52:54:00:44:00:01
 CLIENT_MAC=52:54:00:44:00:02
 GUEST_MAC=52:54:00:44:00:03
+# LINKS=2: a second NIC per VM (eth1, rxe1, tap "<tap>b") and a second address in the
+# namespace, on the same subnet and bridge. Linux's SMC-Rv2 takes an alternate RoCE device
+# for a second link only when one of its netdev's addresses shares a subnet with the link
+# group's TCP source address (smc_ib_determine_gid: inet_ifa_match on lgr->saddr), so a
+# second subnet would only ever give asymmetric link groups.
+SERVER_IP2=10.44.0.11
+CLIENT_IP2=10.44.0.12
+PEER_IP2=10.44.0.13
+SERVER_MAC2=52:54:00:44:00:11
+CLIENT_MAC2=52:54:00:44:00:12
 
 # Run a command in the namespace. Background processes are started with a
 # plain `nsenter ... &` instead, so that $! is the process itself (nsenter
@@ -32,6 +42,7 @@ setup_net() {
 		cannot_run "cannot create a bridge in a network namespace"
 	local taps="tap0 tap1"
 	[ "$PEER_VM" = 1 ] && taps="$taps tap2"
+	[ "$LINKS" = 2 ] && taps="$taps tap0b tap1b"
 	for t in $taps; do
 		ip -n "$NS" tuntap add dev "$t" mode tap || cannot_run "cannot create tap devices"
 		ip -n "$NS" link set "$t" master br0
@@ -41,7 +52,12 @@ setup_net() {
 	case "$MODE" in
 	*-pair) ;;
 	peer-host) ip -n "$NS" addr add "$HOST_IP/$NET_PREFIX" dev br0 ;;
-	*) [ "$PEER_VM" = 1 ] || ip -n "$NS" addr add "$PEER_IP/$NET_PREFIX" dev br0 ;;
+	*)
+		if [ "$PEER_VM" != 1 ]; then
+			ip -n "$NS" addr add "$PEER_IP/$NET_PREFIX" dev br0
+			[ "$LINKS" = 1 ] || ip -n "$NS" addr add "$PEER_IP2/$NET_PREFIX" dev br0
+		fi
+		;;
 	esac
 }
 
@@ -82,10 +98,11 @@ write_conf() {
 	done
 }
 
-# boot_vm NAME TAP MAC: boot OUT/NAME (kpeer.conf written) on the tap; TAP
-# "none" boots without a network card
+# boot_vm NAME TAP MAC [MAC2]: boot OUT/NAME (kpeer.conf written) on the tap; TAP
+# "none" boots without a network card. With MAC2 (LINKS=2) a second card (netdev n1,
+# the guest's eth1) sits on tap "<TAP>b". QMP listens on OUT/NAME/qmp.sock (lib/vmlink.py).
 boot_vm() {
-	local name=$1 tap=$2 mac=$3 d=$OUT/$1 net pid
+	local name=$1 tap=$2 mac=$3 mac2=${4:-} d=$OUT/$1 net pid
 	vm_initrd "$d"
 	rm -f "$d/ctl.in" "$d/ctl.out" "$d/console.log" "$d/results.log"
 	mkfifo "$d/ctl.in" "$d/ctl.out"
@@ -95,14 +112,23 @@ boot_vm() {
 	else
 		nsarg=--net="/run/netns/$NS"
 		net="-netdev tap,id=n0,ifname=$tap,script=no,downscript=no -device virtio-net-pci,netdev=n0,mac=$mac"
+		[ -z "$mac2" ] ||
+			net="$net -netdev tap,id=n1,ifname=${tap}b,script=no,downscript=no -device virtio-net-pci,netdev=n1,mac=$mac2"
 	fi
+	rm -f "$d/qmp.sock"
+	local qmp=""
+	# a unix socket path has at most 107 bytes; without QMP only lib/vmlink.py cannot work
+	[ "${#d}" -gt 95 ] || qmp="-qmp unix:$d/qmp.sock,server=on,wait=off"
+	# no_timer_check: under TCG on a starved host the kernel's early IO-APIC timer check
+	# can fail and panic the boot ("IO-APIC + timer doesn't work!", seen once while the
+	# host compiled); QEMU's timer is fine, the check only measures how fast we run.
 	# shellcheck disable=SC2086
 	nsenter $nsarg -- qemu-system-x86_64 $QACCEL -M q35 -m "$VM_MEM" -smp 1 \
 		-nodefaults -no-user-config -display none -monitor none -no-reboot \
 		-kernel "$VMLINUZ" -initrd "$d/initrd" \
-		-append "console=ttyS0 loglevel=4 panic=-1 $KERNEL_APPEND" \
+		-append "console=ttyS0 loglevel=4 panic=-1 no_timer_check $KERNEL_APPEND" \
 		-serial "file:$d/console.log" -serial "file:$d/results.log" -serial "pipe:$d/ctl" \
-		$net >"$d/qemu.log" 2>&1 &
+		$qmp $net >"$d/qemu.log" 2>&1 &
 	pid=$!
 	register_pid "$pid"
 	eval "VMPID_$name=$pid"

@@ -52,17 +52,27 @@ start_listen() {
   local pre=()
   while [ "$1" != -- ]; do pre+=("$1"); shift; done
   shift
-  "${pre[@]}" "$SMC" listen "$@" < "${LISTEN_STDIN:-/dev/null}" > "$WORK/$name.out" 2> "$WORK/$name.err" &
+  # Emptied here, not only by the background job's own redirections: those happen in the
+  # child, after the fork, and the wait below could otherwise read a previous listener's
+  # "listening on" line under the same name (and take its port, or an emptied file).
+  : > "$WORK/$name.out"; : > "$WORK/$name.err"
+  "${pre[@]}" "$SMC" listen "$@" < "${LISTEN_STDIN:-/dev/null}" >> "$WORK/$name.out" 2>> "$WORK/$name.err" &
   LPID=$!
   PIDS+=("$LPID")
   local i
-  for i in $(seq 200); do
+  for i in $(seq 1200); do
     grep -q "^listening on" "$WORK/$name.err" 2>/dev/null && break
     kill -0 "$LPID" 2>/dev/null || break
     sleep 0.05
   done
   PORT=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$WORK/$name.err" | head -n1)
-  if [ -z "$PORT" ]; then echo "FAIL: listener $name did not start"; show "$WORK/$name.err"; exit 1; fi
+  if [ -z "$PORT" ]; then
+    echo "FAIL: listener $name did not start"; show "$WORK/$name.err"
+    # Where it is stuck (the wrapper, e.g. `ip netns exec`, and what it runs).
+    ps -o pid,stat,wchan:30,etime,cmd -p "$LPID" --ppid "$LPID" 2>/dev/null | sed 's/^/    /'
+    cat "/proc/$LPID/stack" 2>/dev/null | sed 's/^/    stack: /'
+    exit 1
+  fi
 }
 
 # stats_field FILE TITLE KEY: the value of KEY=VALUE on the "stats:" summary

@@ -109,6 +109,7 @@ impl<'a> Env<'a> {
         });
         cfg.timers.test_link_interval = c.keepalive;
         cfg.timers.reply = c.llc_reply_timeout;
+        cfg.timers.add_link_retry = Some(c.add_link_retry);
         let max_conns = v2.map(|p| usize::from(p.max_conns)).unwrap_or(255).max(1);
         let mut links = BTreeMap::new();
         links.insert(llc::LinkId::FIRST, qp);
@@ -201,11 +202,8 @@ impl<'a> Env<'a> {
                 vaddr: peer_rmb.vaddr,
             },
         };
-        let devices = vec![llc::Device {
-            id: dev.id,
-            mac: dev.mac,
-            gid: dev.gid,
-        }];
+        // The first link's device, and every device that may carry more links.
+        let devices = self.ep.llc_devices(dev.id);
         let g = self.ep.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
         let lg = LinkGroup::new(g.llc_cfg.clone(), devices, first, self.now).map_err(|e| {
             warn!(error = %e, "cannot start the link group machine");

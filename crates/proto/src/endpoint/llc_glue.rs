@@ -159,8 +159,9 @@ impl Endpoint {
             llc::Event::LinkDown { link, reason } => {
                 warn!(lgr = id.0, %link, %reason, "link down");
                 self.counters.links_failed += 1;
-                // No failover yet: the connections on it end (§4.8.3).
-                self.kill_conns(id, Some(link), AbortReason::LinkLost);
+                // §4.6: its connections move to a surviving link; without one they end
+                // (§4.8.3).
+                self.fail_over_link(id, link);
             }
             llc::Event::RmbConfirmed(r) => {
                 if let Some(rmb) = g.rmbs.get_mut(&r.0) {
@@ -208,7 +209,7 @@ impl Endpoint {
                     self.notes
                         .push_back((t, Note::Rkey(Err(DeclineCode::ERR_RTOK))));
                 }
-                self.kill_conns(id, None, AbortReason::LinkLost);
+                self.kill_conns(id, AbortReason::LinkLost);
             }
         }
     }

@@ -6,8 +6,9 @@
 //! RMBs and their elements, and the choreography between those machines: first-contact
 //! milestones from the llc machine to the rendezvous, CONFIRM RKEY before a subsequent
 //! contact's Accept/Confirm, the serialization of first contacts from one peer address on
-//! the server, and the rules that tie connections to links (a link going down ends the
-//! connections on it; a peer's TCP FIN without its SMC-R close flags probes the link).
+//! the server, and the rules that tie connections to links (a link going down moves the
+//! connections on it to another link of the group, RFC 7609 §4.6, or ends them when
+//! none is left; a peer's TCP FIN without its SMC-R close flags probes the link).
 //! Each connection's own data path and termination are its [`Conn`](crate::conn::Conn)
 //! machine, which the host keeps next to the connection's buffers; the endpoint knows
 //! which link group, link and RMB element each connection uses.
@@ -17,7 +18,8 @@
 //! The endpoint reads no clock, opens no socket and starts no thread. Its host (the
 //! runtime, or the simulator in tests):
 //!
-//! 1. registers its RDMA devices ([`Endpoint::add_device`]);
+//! 1. registers its RDMA devices ([`Endpoint::add_device`]; [`Endpoint::add_link_device`]
+//!    for those that may also carry additional links);
 //! 2. starts a rendezvous per TCP connection ([`Endpoint::connect`],
 //!    [`Endpoint::accept`]), reads at most [`Endpoint::bytes_wanted`] bytes from it when
 //!    readable and passes them to [`Endpoint::handle_tcp_bytes`]; reports EOF
@@ -87,6 +89,13 @@ pub struct EndpointConfig {
     pub keepalive: Option<Duration>,
     /// LLC reply timer.
     pub llc_reply_timeout: Duration,
+    /// The server tries again this long after adding a link failed or a link was lost
+    /// (RFC 7609 C.8; 60 s by default), so a path that came back carries a link again.
+    pub add_link_retry: Duration,
+    /// The host can move a connection to another link of its link group
+    /// ([`ConnAction::Failover`], RFC 7609 §4.6). Without it, the connections on a lost
+    /// link end ([`ConnAction::Kill`]) even when another link survives.
+    pub failover: bool,
 }
 
 /// One of the host's RDMA devices (port), for links and CLC messages.
@@ -249,6 +258,24 @@ pub enum ConnAction {
     Kill(AbortReason),
     /// The peer reset the TCP connection (RFC 7609 §4.8.2): `Conn::on_tcp_reset`.
     TcpReset,
+    /// The connection's link is gone and another link of the link group is active: move
+    /// the connection there (RFC 7609 §4.6). Once every work request the connection
+    /// posted on the old link has completed (successfully or in error, §2.3), call
+    /// `Conn::prepare_failover`, send the validation CDC it returns first on the new link,
+    /// then go on transmitting there, RDMA-writing with the new RKey and base. Stop
+    /// transmitting on the old link at once.
+    Failover(FailoverTarget),
+}
+
+/// Where a connection moves in a failover ([`ConnAction::Failover`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailoverTarget {
+    /// The link the connection uses from now on.
+    pub link: llc::LinkId,
+    /// The peer's RMB element on that link: its RKey there.
+    pub peer_rkey: u32,
+    /// The element's first byte, in the peer's address space of that link.
+    pub peer_base: u64,
 }
 
 /// Counters of an endpoint (ever since it started).
@@ -268,6 +295,8 @@ pub struct Counters {
     pub lgrs_ended: u64,
     /// Links that failed.
     pub links_failed: u64,
+    /// Connections moved to another link because theirs went down (RFC 7609 §4.6).
+    pub failovers: u64,
     /// LLC messages received.
     pub llc_received: u64,
     /// Peer LLC requests dropped as a flood.
@@ -283,6 +312,11 @@ struct ConnEntry {
     link: llc::LinkId,
     rmb: u32,
     first_contact: bool,
+    /// The peer's RMB in the llc machine's RToken sets, to find its RKey on another link
+    /// in a failover (`None`: unknown, the connection cannot move).
+    peer_rmb: Option<llc::PeerRmbId>,
+    /// Offset of the peer's RMB element in its RMB (AMB-10: (index − 1) · size).
+    peer_off: u64,
 }
 
 /// A server first contact from `peer` counted in `Endpoint::server_first_pending`
@@ -302,6 +336,9 @@ pub struct Endpoint {
     cfg: EndpointConfig,
     rmb_size: BufSize,
     devices: Vec<DeviceInfo>,
+    /// Devices that may carry additional links of every link group (RFC 7609 §2.2,
+    /// §3.5.1.6); besides these a link group only knows the device of its first link.
+    link_devices: Vec<llc::DeviceId>,
     lgrs: BTreeMap<LgrId, Lgr>,
     next_lgr: u64,
     rdvs: BTreeMap<TcpId, Rdv>,
@@ -330,6 +367,7 @@ impl Endpoint {
             cfg,
             rmb_size,
             devices: Vec::new(),
+            link_devices: Vec::new(),
             lgrs: BTreeMap::new(),
             next_lgr: 0,
             rdvs: BTreeMap::new(),
@@ -354,6 +392,47 @@ impl Endpoint {
             Some(d) => *d = dev,
             None => self.devices.push(dev),
         }
+    }
+
+    /// Registers a device (as [`Endpoint::add_device`]) that may also carry additional
+    /// links: every link group's llc machine learns it, so the server adds a link over it
+    /// (ADD LINK, RFC 7609 §3.5.1.6, §3.5.5.1.1) and the client accepts one on it. With
+    /// two such devices on both sides, link groups get two symmetric links.
+    pub fn add_link_device(&mut self, now: Instant, host: &mut dyn Host, dev: DeviceInfo) {
+        self.add_device(dev);
+        if self.link_devices.contains(&dev.id) {
+            return;
+        }
+        self.link_devices.push(dev.id);
+        let ids: Vec<LgrId> = self.lgrs.keys().copied().collect();
+        for id in ids {
+            if let Some(l) = self.lgrs.get_mut(&id).and_then(|g| g.llc.as_mut()) {
+                l.add_device(
+                    now,
+                    llc::Device {
+                        id: dev.id,
+                        mac: dev.mac,
+                        gid: dev.gid,
+                    },
+                );
+                self.dirty.insert(id);
+            }
+        }
+        self.settle(now, host);
+    }
+
+    /// The devices a new link group's llc machine knows: the first link's, then every
+    /// link device.
+    fn llc_devices(&self, first: DeviceId) -> Vec<llc::Device> {
+        std::iter::once(first)
+            .chain(self.link_devices.iter().copied().filter(|d| *d != first))
+            .filter_map(|id| self.device(id))
+            .map(|d| llc::Device {
+                id: d.id,
+                mac: d.mac,
+                gid: d.gid,
+            })
+            .collect()
     }
 
     fn device(&self, id: DeviceId) -> Option<DeviceInfo> {
@@ -773,15 +852,79 @@ impl Endpoint {
         }
     }
 
-    /// Kills (Output) every connection of a link group, or only those on `link`.
-    fn kill_conns(&mut self, lgr: LgrId, link: Option<llc::LinkId>, reason: AbortReason) {
+    /// The connections on `link` leave it (RFC 7609 §4.6): each moves to an active link of
+    /// the link group on which the peer's RMB has an RToken ([`ConnAction::Failover`]);
+    /// one that cannot move (no such link, or the host does not fail over) ends
+    /// ([`ConnAction::Kill`]).
+    fn fail_over_link(&mut self, lgr: LgrId, link: llc::LinkId) {
+        let Some(g) = self.lgrs.get(&lgr) else { return };
+        let on: Vec<u32> = g
+            .conns
+            .iter()
+            .copied()
+            .filter(|t| self.conns.get(t).is_some_and(|c| c.link == link))
+            .collect();
+        for token in on {
+            self.fail_over_conn(lgr, token);
+        }
+    }
+
+    /// Moves one connection off its link (see [`Endpoint::fail_over_link`]).
+    fn fail_over_conn(&mut self, lgr: LgrId, token: u32) {
+        let target = self.failover_target(lgr, token);
+        let action = match target {
+            Some(t) => {
+                if let Some(c) = self.conns.get_mut(&token) {
+                    tracing::info!(
+                        lgr = lgr.0,
+                        token = format_args!("{token:#x}"),
+                        from = %c.link,
+                        to = %t.link,
+                        "connection fails over"
+                    );
+                    c.link = t.link;
+                }
+                self.counters.failovers += 1;
+                ConnAction::Failover(t)
+            }
+            None => ConnAction::Kill(AbortReason::LinkLost),
+        };
+        self.out.push_back(Output::Conn { token, action });
+    }
+
+    fn failover_target(&self, lgr: LgrId, token: u32) -> Option<FailoverTarget> {
+        if !self.cfg.failover {
+            return None;
+        }
+        let c = self.conns.get(&token)?;
+        let lg = self.lgrs.get(&lgr)?.llc.as_ref()?;
+        let peer_rmb = c.peer_rmb?;
+        lg.links()
+            .filter(|i| i.state == llc::LinkState::Active && i.id != c.link)
+            .find_map(|i| {
+                let t = lg.peer_token(peer_rmb, i.id)?;
+                Some(FailoverTarget {
+                    link: i.id,
+                    peer_rkey: t.rkey,
+                    peer_base: t.vaddr.wrapping_add(c.peer_off),
+                })
+            })
+    }
+
+    /// Whether a connection may use `link` (it is active in its llc machine).
+    fn link_active(&self, lgr: LgrId, link: llc::LinkId) -> bool {
+        self.lgrs
+            .get(&lgr)
+            .and_then(|g| g.llc.as_ref())
+            .and_then(|l| l.link(link))
+            .is_some_and(|i| i.state == llc::LinkState::Active)
+    }
+
+    /// Kills (Output) every connection of a link group.
+    fn kill_conns(&mut self, lgr: LgrId, reason: AbortReason) {
         let Some(g) = self.lgrs.get(&lgr) else { return };
         for t in &g.conns {
-            let on = self
-                .conns
-                .get(t)
-                .is_some_and(|c| link.is_none_or(|l| c.link == l));
-            if on {
+            if self.conns.contains_key(t) {
                 self.out.push_back(Output::Conn {
                     token: *t,
                     action: ConnAction::Kill(reason),

@@ -208,7 +208,16 @@ impl Endpoint {
                 RendezvousOutcome::SameHost(est)
             }
         };
+        let moved = match &outcome {
+            RendezvousOutcome::Smc(c) if !self.link_active(c.lgr, c.link) => Some((c.lgr, c.token)),
+            _ => None,
+        };
         self.out.push_back(Output::Rendezvous { tcp, outcome });
+        if let Some((lgr, token)) = moved {
+            // Its link went down during the rendezvous (after the LinkDown that moved
+            // the other connections): it moves, or ends, at once.
+            self.fail_over_conn(lgr, token);
+        }
     }
 
     /// The connection's entry in its link group, and what the host needs to create it.
@@ -242,10 +251,15 @@ impl Endpoint {
         );
         // Element i of the peer's RMB starts at vaddr + (i-1)·size (CHECKLIST AMB-10);
         // peer values, so no arithmetic that can overflow.
-        let peer_base = est.peer_rmb.vaddr.wrapping_add(
-            u64::from(est.peer_rmb.rmbe_idx.saturating_sub(1))
-                .wrapping_mul(est.peer_rmb.size.bytes() as u64),
-        );
+        let peer_off = u64::from(est.peer_rmb.rmbe_idx.saturating_sub(1))
+            .wrapping_mul(est.peer_rmb.size.bytes() as u64);
+        let peer_base = est.peer_rmb.vaddr.wrapping_add(peer_off);
+        // The peer's RMB as the llc machine knows it (CLC: first contact; CONFIRM RKEY or
+        // ADD LINK: later), to find its RToken on another link in a failover (§4.6).
+        let peer_rmb = g
+            .llc
+            .as_ref()
+            .and_then(|l| l.peer_rmb_by_rkey(link, est.peer_rmb.rkey));
         g.conns.insert(token);
         g.peer_rmbes
             .insert((est.peer_rmb.rkey, est.peer_rmb.rmbe_idx), token);
@@ -256,6 +270,8 @@ impl Endpoint {
                 link,
                 rmb,
                 first_contact: est.contact.is_first(),
+                peer_rmb,
+                peer_off,
             },
         );
         Ok(NewConn {

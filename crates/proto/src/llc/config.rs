@@ -16,7 +16,8 @@ pub struct LlcTimers {
     /// Client: wait for the server's ADD LINK after first contact (Linux: 2 s).
     pub add_link_wait: Duration,
     /// Client: wait for the server's DELETE LINK after asking for one (CDL-5). Longer than
-    /// any exchange the server may finish first (it queues the request, §3.5.5.3).
+    /// any exchange the server may finish first (it queues the request, §3.5.5.3). Server:
+    /// wait for the DELETE LINK response of a single link (SDL-6), for the same reason.
     pub delete_link_wait: Duration,
     /// Server: retry a failed link addition after this long (C.8); `None`: only on a
     /// stimulus (client request, new device).

@@ -176,10 +176,15 @@ impl LinkGroup {
             reason,
         };
         self.send(carrying, &LlcMessage::DeleteLink(m), Purpose::Plain);
+        // C.7: the timer is ours to choose. A client that lost the path itself queues our
+        // request behind its own DELETE LINK exchange (§3.5.5.3); Linux 6.12 under load
+        // answered after 2.9 s. On the 2 s reply timer the surviving link would be declared
+        // unusable too (SDL-6) and every connection aborted, so wait as long as the client
+        // waits for ours (CDL-5).
         self.config = Some(Config::SrvDel(SrvDel {
             link,
             carrying,
-            deadline: now + self.cfg.timers.reply,
+            deadline: now + self.cfg.timers.delete_link_wait,
         }));
     }
 

@@ -104,8 +104,7 @@
 //! the link that carried the request failed (CDL-5).
 //!
 //! A failed link is reported with [`Event::LinkDown`] (its connections must leave it: a
-//! driver with failover moves them to another link, §4.6; the endpoint has none yet and
-//! ends them), then deleted with a DELETE LINK exchange over a surviving link; when no link
+//! driver with failover moves them to another link, §4.6, as the endpoint does), then deleted with a DELETE LINK exchange over a surviving link; when no link
 //! is left the link group ends with [`Event::Terminated`] (the driver resets the
 //! connections). LLC exchanges that failed with a link are not replayed on another link
 //! (§2.3); the machine retries queued work once the configuration is stable.

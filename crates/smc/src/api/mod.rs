@@ -121,7 +121,7 @@ impl Drop for SmcHandle {
         st.released = true;
         self.conn.drive(&mut st, Instant::now());
         drop(st);
-        self.stack.post(Inbox::Released);
+        self.stack.post(Inbox::Released(self.conn.token));
     }
 }
 
@@ -132,61 +132,95 @@ pub(crate) enum Wait {
     Until(Option<Instant>),
 }
 
+/// What a blocked call waits for (runtime/conn.rs wakes readers and writers apart).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Read,
+    Write,
+}
+
 impl SmcHandle {
+    fn seq(&self, dir: Dir) -> &std::sync::atomic::AtomicU64 {
+        match dir {
+            Dir::Read => &self.conn.rx_seq,
+            Dir::Write => &self.conn.tx_seq,
+        }
+    }
+
+    fn cond(&self, dir: Dir) -> &std::sync::Condvar {
+        match dir {
+            Dir::Read => &self.conn.rx_cond,
+            Dir::Write => &self.conn.tx_cond,
+        }
+    }
+
     fn wait<'a>(
         &'a self,
         mut st: MutexGuard<'a, ConnState>,
         wait: Wait,
+        dir: Dir,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
         if let (Some(p), Wait::Until(deadline)) = (self.conn.shm(), wait) {
             let t0 = Instant::now();
-            st = match self.spin_same_host(p, st) {
+            st = match self.spin_same_host(p, st, dir) {
                 Ok(st) => {
                     p.adapt(t0.elapsed());
                     return Ok(st);
                 }
                 Err(st) => st,
             };
-            let r = self.sleep_same_host(p, st, deadline);
+            let r = self.sleep_same_host(p, st, deadline, dir);
             p.adapt(t0.elapsed());
             return r;
         }
-        let drive = match self.conn.rdma() {
+        // The RNIC is driven from this thread only on SMC-R (a same-host connection
+        // that does not wait, `Wait::Never`, has no link either).
+        let drive = match st.rdma() {
             Some(_) => self.stack.cfg.rnic_drive,
             None => Duration::ZERO,
         };
+        let seq_of = self.seq(dir);
+        let cond = self.cond(dir);
+        fn drivers(st: &mut ConnState, dir: Dir) -> &mut Vec<DriveWaker> {
+            match dir {
+                Dir::Read => &mut st.rx_drivers,
+                Dir::Write => &mut st.tx_drivers,
+            }
+        }
         let st = if !drive.is_zero() {
             if let Wait::Until(deadline) = wait {
                 // Receive on this thread for a while (no lock held: the completion
                 // handler runs here and takes the connection's lock).
-                let seq = self.conn.wake_seq.load(Ordering::Acquire);
+                let seq = seq_of.load(Ordering::Acquire);
+                // The link can change under a failover: its device, as of now.
+                // (`drive` is zero without a link: the `else` cannot happen.)
+                let Some(device) = st.rdma().map(|p| p.link.device.clone()) else {
+                    return Ok(st);
+                };
                 // Registered under the lock before `seq` can move again: whoever
                 // moves it (the completion handler, on whichever thread received the
                 // CDC) wakes this thread's drive, which otherwise sleeps on the socket.
                 let waker = DriveWaker::current();
                 if let Some(w) = &waker {
-                    st.drivers.push(w.clone());
+                    drivers(&mut st, dir).push(w.clone());
                 }
                 drop(st);
                 let max = deadline.map_or(drive, |d| {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
-                let conn = &self.conn;
-                let Some(rd) = conn.rdma() else {
-                    unreachable!("drive is zero without a link")
-                };
-                rd.link.device.0.drive(
-                    &|| conn.wake_seq.load(Ordering::Acquire) != seq,
+                device.0.drive(
+                    &|| seq_of.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,
                 );
                 let mut st = self.conn.lock();
                 if let Some(w) = &waker {
-                    if let Some(i) = st.drivers.iter().position(|d| d.same(w)) {
-                        st.drivers.swap_remove(i);
+                    let v = drivers(&mut st, dir);
+                    if let Some(i) = v.iter().position(|d| d.same(w)) {
+                        v.swap_remove(i);
                     }
                 }
-                if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+                if seq_of.load(Ordering::Acquire) != seq {
                     return Ok(st);
                 }
                 st
@@ -200,14 +234,14 @@ impl SmcHandle {
         let st = if matches!(wait, Wait::Until(_)) && !busy.is_zero() {
             // Busy poll: spin a little for the completion thread's wake-up before
             // paying for a sleep and a thread wake-up.
-            let seq = self.conn.wake_seq.load(Ordering::Acquire);
+            let seq = seq_of.load(Ordering::Acquire);
             drop(st);
             let t0 = Instant::now();
-            while self.conn.wake_seq.load(Ordering::Acquire) == seq && t0.elapsed() < busy {
+            while seq_of.load(Ordering::Acquire) == seq && t0.elapsed() < busy {
                 std::hint::spin_loop();
             }
             let st = self.conn.lock();
-            if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+            if seq_of.load(Ordering::Acquire) != seq {
                 return Ok(st);
             }
             st
@@ -216,15 +250,13 @@ impl SmcHandle {
         };
         match wait {
             Wait::Never => Err(ErrorKind::WouldBlock.into()),
-            Wait::Until(None) => Ok(self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner())),
+            Wait::Until(None) => Ok(cond.wait(st).unwrap_or_else(|p| p.into_inner())),
             Wait::Until(Some(d)) => {
                 let now = Instant::now();
                 if now >= d {
                     return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
                 }
-                let (g, _) = self
-                    .conn
-                    .cond
+                let (g, _) = cond
                     .wait_timeout(st, d - now)
                     .unwrap_or_else(|p| p.into_inner());
                 Ok(g)
@@ -277,7 +309,7 @@ impl SmcHandle {
             if let Some(e) = st.conn.error() {
                 return Err(io_err(e));
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Read)?;
         }
     }
 
@@ -307,7 +339,7 @@ impl SmcHandle {
                 self.conn.drive(&mut st, Instant::now());
                 return Ok(n);
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Write)?;
         }
     }
 
@@ -326,7 +358,7 @@ impl SmcHandle {
                 self.conn.drive(&mut st, Instant::now());
                 return Ok(());
             }
-            st = self.wait(st, wait)?;
+            st = self.wait(st, wait, Dir::Write)?;
         }
     }
 
@@ -352,8 +384,9 @@ impl SmcHandle {
             }
         }
         self.conn.drive(&mut st, now);
-        self.conn.cond.notify_all();
-        for w in &st.shm_sleepers {
+        self.conn.rx_cond.notify_all();
+        self.conn.tx_cond.notify_all();
+        for w in st.shm_rx_sleepers.iter().chain(&st.shm_tx_sleepers) {
             w.wake();
         }
         Ok(())
@@ -401,12 +434,16 @@ pub(crate) fn connect_one(
     timeout: Option<Duration>,
 ) -> io::Result<Established> {
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    if let Err(e) = stack.tcp_option.mark(sock.as_fd()) {
-        debug!(error = %e, "cannot mark the socket for the SMC-R option");
+    // A destination the allow/deny lists keep on TCP gets no option in its SYN either
+    // (crate::policy), so that the server does not wait for a Proposal.
+    if stack.cfg.policy.keeps_tcp(addr).is_none() {
+        if let Err(e) = stack.tcp_option.mark(sock.as_fd()) {
+            debug!(error = %e, "cannot mark the socket for the SMC-R option");
+        }
     }
     if let Some(ip) = stack.cfg.local_addr {
         if ip.is_ipv4() == addr.is_ipv4() {
-            sock.bind(&SocketAddr::new(ip, 0).into())?;
+            crate::runtime::bind_no_port(&sock, ip)?;
         }
     }
     let t0 = Instant::now();

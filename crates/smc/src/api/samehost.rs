@@ -6,24 +6,35 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::SmcHandle;
+use super::{Dir, SmcHandle};
 use crate::runtime::conn::ConnState;
+
+/// The sleepers of the same-host connection woken for `dir` (`ConnShared::on_events`).
+fn sleepers(st: &mut ConnState, dir: Dir) -> &mut Vec<Arc<smc_verbs::EventFd>> {
+    match dir {
+        Dir::Read => &mut st.shm_rx_sleepers,
+        Dir::Write => &mut st.shm_tx_sleepers,
+    }
+}
 
 impl SmcHandle {
     /// Same host: before sleeping, spin on the ring for the peer's CDC (adaptive, at most
     /// `StackConfig::same_host_spin`), telling the peer that we poll so that it does not
-    /// ring our eventfd. `Ok` when something happened for the waiter (`wake_seq` moved).
+    /// ring our eventfd. `Ok` when something happened for the waiter (its `rx_seq` or
+    /// `tx_seq`, by `dir`, moved).
     #[allow(clippy::result_large_err)]
     pub(super) fn spin_same_host<'a>(
         &'a self,
         p: &crate::runtime::shm::ShmPath,
         st: MutexGuard<'a, ConnState>,
+        dir: Dir,
     ) -> Result<MutexGuard<'a, ConnState>, MutexGuard<'a, ConnState>> {
         let budget = Duration::from_nanos(p.spin_ns.load(Ordering::Relaxed));
         if budget.is_zero() {
             return Err(st);
         }
-        let seq = self.conn.wake_seq.load(Ordering::Acquire);
+        let seq_of = self.seq(dir);
+        let seq = seq_of.load(Ordering::Acquire);
         drop(st);
         crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, true);
         let t0 = Instant::now();
@@ -33,7 +44,7 @@ impl SmcHandle {
             if p.rx_pending() {
                 self.conn.shm_poll(Instant::now());
             }
-            if self.conn.wake_seq.load(Ordering::Acquire) != seq {
+            if seq_of.load(Ordering::Acquire) != seq {
                 hit = true;
                 break;
             }
@@ -53,12 +64,12 @@ impl SmcHandle {
         // A CDC published while we announced polling did not ring: take it now.
         if !hit && p.rx_pending() {
             self.conn.shm_poll(Instant::now());
-            hit = self.conn.wake_seq.load(Ordering::Acquire) != seq;
+            hit = seq_of.load(Ordering::Acquire) != seq;
         }
         let st = self.conn.lock();
         // Re-checked under the lock: the event thread may have taken the CDC and
         // notified between our last look and the lock (no condvar waiter yet then).
-        hit |= self.conn.wake_seq.load(Ordering::Acquire) != seq;
+        hit |= seq_of.load(Ordering::Acquire) != seq;
         if hit {
             Ok(st)
         } else {
@@ -78,6 +89,7 @@ impl SmcHandle {
         p: &crate::runtime::shm::ShmPath,
         mut st: MutexGuard<'a, ConnState>,
         deadline: Option<Instant>,
+        dir: Dir,
     ) -> io::Result<MutexGuard<'a, ConnState>> {
         use rustix::event::{poll, PollFd, PollFlags, Timespec};
         thread_local! {
@@ -98,20 +110,20 @@ impl SmcHandle {
             // No eventfd for this thread (out of descriptors): the condition variable.
             return Ok(match timeout {
                 Some(t) => self
-                    .conn
-                    .cond
+                    .cond(dir)
                     .wait_timeout(st, t)
                     .map(|x| x.0)
                     .unwrap_or_else(|p| p.into_inner().0),
-                None => self.conn.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
+                None => self.cond(dir).wait(st).unwrap_or_else(|p| p.into_inner()),
             });
         };
-        let seq = self.conn.wake_seq.load(Ordering::Acquire);
-        st.shm_sleepers.push(me.clone());
+        let seq_of = self.seq(dir);
+        let seq = seq_of.load(Ordering::Acquire);
+        sleepers(&mut st, dir).push(me.clone());
         drop(st);
         // Registered before this last look: a CDC published after it rings the bell,
         // and an event after it writes `me`.
-        if !p.rx_pending() && self.conn.wake_seq.load(Ordering::Acquire) == seq {
+        if !p.rx_pending() && seq_of.load(Ordering::Acquire) == seq {
             let mut fds = [
                 PollFd::new(&p.bell, PollFlags::IN),
                 PollFd::new(&*me, PollFlags::IN),
@@ -127,8 +139,9 @@ impl SmcHandle {
         // Whoever drained the bell takes the ring (and wakes the other sleepers).
         self.conn.shm_poll(Instant::now());
         let mut st = self.conn.lock();
-        if let Some(i) = st.shm_sleepers.iter().position(|x| Arc::ptr_eq(x, &me)) {
-            st.shm_sleepers.swap_remove(i);
+        let v = sleepers(&mut st, dir);
+        if let Some(i) = v.iter().position(|x| Arc::ptr_eq(x, &me)) {
+            v.swap_remove(i);
         }
         Ok(st)
     }

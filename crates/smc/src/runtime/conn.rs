@@ -1,5 +1,7 @@
 //! One SMC-R connection at run time: the `conn` machine under the connection's lock,
-//! its buffers and link, and the data path (docs/core-design.md "runtime").
+//! its buffers and link, and the data path (docs/core-design.md "runtime"). A
+//! same-host connection (docs/samehost.md) runs the same machine over shared memory
+//! instead of a link.
 //!
 //! The application thread copies into the sndbuf and posts the RDMA WRITEs and the CDC
 //! itself ([`ConnShared::drive`]); received CDCs are processed on the provider's
@@ -21,9 +23,37 @@ use super::{Inbox, Inner};
 use crate::clc::LgrId;
 use crate::conn::{CdcRepr, Conn, Events};
 
+/// How a connection's data moves, under the connection's lock: an SMC-R connection's
+/// link can change (failover, RFC 7609 §4.6); a same-host connection has no link, and
+/// never gets one.
+pub(crate) enum Path {
+    /// SMC-R: RDMA WRITE + CDC on a link.
+    Rdma(RdmaPath),
+    /// Same host: copies into the peer's mapped RMB + CDCs in its ring; the rings (the
+    /// lock-free part is [`ConnShared::shm`]).
+    Shm(ShmRings),
+}
+
+/// The link a connection's data goes on, and where in the peer's RMB element it writes:
+/// changed by a failover (RFC 7609 §4.6).
+pub(crate) struct RdmaPath {
+    pub link: Arc<LinkRes>,
+    /// The send buffer's registration on the link's PD.
+    pub sndbuf_mr: Mr,
+    /// Virtual address of the peer's RMB element on the link, and its RKey.
+    pub peer_base: u64,
+    pub peer_rkey: u32,
+}
+
 /// Mutable state of a connection, under [`ConnShared::state`].
 pub(crate) struct ConnState {
     pub conn: Conn,
+    pub path: Path,
+    /// Times the connection moved to another link.
+    pub failovers: u32,
+    /// A failover's validation CDC not posted yet (it waits for a send slot like any
+    /// transmit, and goes before them).
+    pub validation: Option<CdcRepr>,
     /// The TCP connection, idle while SMC-R carries the data (RFC 7609 §4.8: it carries
     /// the final FIN, and its RST aborts). Closed by the event thread only.
     pub tcp: Option<TcpStream>,
@@ -31,8 +61,11 @@ pub(crate) struct ConnState {
     pub tcp_fin_sent: bool,
     /// The peer's FIN or RST was seen; no more monitoring.
     pub tcp_done: bool,
-    /// Timer the event thread knows about.
+    /// The machine's next deadline (`Conn::poll_timeout`).
     pub armed: Option<Instant>,
+    /// This connection's live entry in the stack's timer queue (`timers.rs`): the
+    /// earliest deadline queued and not yet taken out by the event thread.
+    pub queued: Option<Instant>,
     /// Waiting for send slots on the link.
     pub waiting_slots: bool,
     /// Every application handle is gone.
@@ -42,63 +75,30 @@ pub(crate) struct ConnState {
     pub nonblocking: bool,
     pub rx_waker: Option<Waker>,
     pub tx_waker: Option<Waker>,
-    /// Threads of blocking reads and writes inside `DeviceOps::drive` for this
-    /// connection, woken with `wake_seq` (the CDC they wait for may be received by
-    /// another thread).
-    pub drivers: Vec<DriveWaker>,
-    /// The same-host path's rings (`None` on SMC-R).
-    pub shm: Option<ShmRings>,
-    /// Same host: the eventfds of threads sleeping on the doorbell in a blocking call.
-    pub shm_sleepers: Vec<Arc<smc_verbs::EventFd>>,
-}
-
-/// How a connection's data moves.
-pub(crate) enum Path {
-    /// SMC-R: RDMA WRITE + CDC on a link.
-    Rdma(RdmaPath),
-    /// Same host: copies into the peer's mapped RMB + CDCs in its ring (`shm`).
-    Shm(ShmPath),
-}
-
-/// The RDMA side of an SMC-R connection.
-pub(crate) struct RdmaPath {
-    pub lgr: LgrId,
-    pub link: Arc<LinkRes>,
-    pub sndbuf_mr: Mr,
-    /// Virtual address of the peer's RMB element on our link, and its RKey.
-    pub peer_base: u64,
-    pub peer_rkey: u32,
-}
-
-/// A connection shared by the application handles, the completion handler and the
-/// event thread.
-pub(crate) struct ConnShared {
-    pub token: u32,
-    pub path: Path,
-    pub rmb: Arc<RdmaBuffer>,
-    pub sndbuf: Arc<RdmaBuffer>,
-    pub local: SocketAddr,
-    pub peer: SocketAddr,
-    pub version: u8,
-    pub first_contact: bool,
-    pub state: Mutex<ConnState>,
-    pub cond: Condvar,
-    pub bytes_sent: AtomicU64,
-    pub bytes_received: AtomicU64,
-    /// Bumped whenever readers or writers are woken (for busy polling).
-    pub wake_seq: AtomicU64,
-    pub stack: Weak<Inner>,
-    pub self_ref: Weak<ConnShared>,
+    /// Threads of blocking reads inside `DeviceOps::drive` for this connection, woken
+    /// with `rx_seq` (the CDC they wait for may be received by another thread).
+    pub rx_drivers: Vec<DriveWaker>,
+    /// The same for blocking writes (`tx_seq`).
+    pub tx_drivers: Vec<DriveWaker>,
+    /// Same host: the eventfds of threads sleeping on the doorbell in a blocking read
+    /// (woken with `rx_seq`) ...
+    pub shm_rx_sleepers: Vec<Arc<smc_verbs::EventFd>>,
+    /// ... and in a blocking write (`tx_seq`).
+    pub shm_tx_sleepers: Vec<Arc<smc_verbs::EventFd>>,
 }
 
 impl ConnState {
-    pub(crate) fn new(conn: Conn, tcp: Option<TcpStream>, shm: Option<ShmRings>) -> ConnState {
+    pub(crate) fn new(conn: Conn, path: Path, tcp: Option<TcpStream>) -> ConnState {
         ConnState {
             conn,
+            path,
+            failovers: 0,
+            validation: None,
             tcp,
             tcp_fin_sent: false,
             tcp_done: false,
             armed: None,
+            queued: None,
             waiting_slots: false,
             released: false,
             read_timeout: None,
@@ -106,11 +106,56 @@ impl ConnState {
             nonblocking: false,
             rx_waker: None,
             tx_waker: None,
-            drivers: Vec::new(),
-            shm,
-            shm_sleepers: Vec::new(),
+            rx_drivers: Vec::new(),
+            tx_drivers: Vec::new(),
+            shm_rx_sleepers: Vec::new(),
+            shm_tx_sleepers: Vec::new(),
         }
     }
+
+    /// The RDMA path of an SMC-R connection (`None` on the same-host path).
+    pub(crate) fn rdma(&self) -> Option<&RdmaPath> {
+        match &self.path {
+            Path::Rdma(r) => Some(r),
+            Path::Shm(_) => None,
+        }
+    }
+}
+
+/// What kind of connection this is, fixed at its creation (no lock needed).
+pub(crate) enum Kind {
+    /// SMC-R in this link group (a failover moves the connection to another link of the
+    /// same group: RFC 7609 §4.6).
+    SmcR(LgrId),
+    /// The same-host path.
+    SameHost(ShmPath),
+}
+
+/// A connection shared by the application handles, the completion handler and the
+/// event thread.
+pub(crate) struct ConnShared {
+    pub token: u32,
+    pub kind: Kind,
+    pub rmb: Arc<RdmaBuffer>,
+    pub sndbuf: Arc<RdmaBuffer>,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub version: u8,
+    pub first_contact: bool,
+    pub state: Mutex<ConnState>,
+    /// Blocked readers wait here (data, urgent data, the peer's end, an error) ...
+    pub rx_cond: Condvar,
+    /// ... and blocked writers here (send buffer space, the peer's end, an error): an
+    /// ACK or a consumer-cursor update that frees send space wakes no reader (issue 15).
+    pub tx_cond: Condvar,
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+    /// Bumped whenever readers are woken (for busy polling and drivers).
+    pub rx_seq: AtomicU64,
+    /// Bumped whenever writers are woken.
+    pub tx_seq: AtomicU64,
+    pub stack: Weak<Inner>,
+    pub self_ref: Weak<ConnShared>,
 }
 
 impl std::fmt::Debug for ConnShared {
@@ -134,25 +179,17 @@ impl SlotWaiter for ConnShared {
 impl ConnShared {
     /// The link group of an SMC-R connection.
     pub(crate) fn lgr(&self) -> Option<LgrId> {
-        match &self.path {
-            Path::Rdma(r) => Some(r.lgr),
-            Path::Shm(_) => None,
-        }
-    }
-
-    /// The SMC-R side, if this is an SMC-R connection.
-    pub(crate) fn rdma(&self) -> Option<&RdmaPath> {
-        match &self.path {
-            Path::Rdma(r) => Some(r),
-            Path::Shm(_) => None,
+        match &self.kind {
+            Kind::SmcR(l) => Some(*l),
+            Kind::SameHost(_) => None,
         }
     }
 
     /// The same-host side, if this is a same-host connection.
     pub(crate) fn shm(&self) -> Option<&ShmPath> {
-        match &self.path {
-            Path::Shm(p) => Some(p),
-            Path::Rdma(_) => None,
+        match &self.kind {
+            Kind::SameHost(p) => Some(p),
+            Kind::SmcR(_) => None,
         }
     }
 
@@ -168,64 +205,100 @@ impl ConnShared {
         self.flush(st, now);
         let ev = st.conn.take_events();
         self.on_events(st, ev);
-        let t = st.conn.poll_timeout();
-        if t != st.armed {
-            let earlier = match (t, st.armed) {
-                (Some(n), Some(o)) => n < o,
-                (Some(_), None) => true,
-                _ => false,
-            };
-            st.armed = t;
-            if earlier {
-                if let Some(s) = self.stack.upgrade() {
-                    s.wake();
-                }
-            }
+        st.armed = st.conn.poll_timeout();
+        self.schedule(st);
+    }
+
+    /// Queues the deadline with the event thread when it has no entry at or before it
+    /// (`timers.rs`); a new entry wakes the event thread, which may sleep past it.
+    pub(crate) fn schedule(&self, st: &mut ConnState) {
+        let Some(t) = st.armed else { return };
+        if st.queued.is_some_and(|q| q <= t) {
+            return;
+        }
+        st.queued = Some(t);
+        if let Some(s) = self.stack.upgrade() {
+            s.timers.push(t, self.token);
+            s.wake();
         }
     }
 
     fn flush(&self, st: &mut ConnState, now: Instant) {
-        let r = match &self.path {
-            Path::Rdma(r) => r,
-            Path::Shm(p) => return self.flush_shm(p, st, now),
+        let lgr = match &self.kind {
+            Kind::SmcR(l) => *l,
+            Kind::SameHost(p) => return self.flush_shm(p, st, now),
         };
         loop {
+            let Path::Rdma(path) = &st.path else { return };
             if st.conn.needs_failover() {
                 return;
             }
             // A destroyed link posts nothing and gives no slot back; its link group's
-            // machine ends every connection on it (no failover: RFC 7609 §4.8.3), so
-            // waiting for slots there would only wait forever.
-            if r.link.dead.load(Ordering::SeqCst) {
+            // machine moves every connection on it to another link (RFC 7609 §4.6) or
+            // ends it (§4.8.3), so waiting for slots there would only wait forever.
+            let link = &path.link;
+            if link.dead.load(Ordering::SeqCst) || link.failed.load(Ordering::SeqCst) {
                 return;
             }
-            if !r.link.try_reserve(TX_SLOTS) {
+            if let Some(v) = st.validation {
+                // RFC 7609 §4.6.1: the validation CDC first on the new link. It consumes
+                // no sequence number, and the machine ignores its completion (no CDC in
+                // flight has its number); its slot comes back with it.
+                if !link.try_reserve_data(1) {
+                    if !st.waiting_slots {
+                        st.waiting_slots = true;
+                        if let Some(me) = self.self_ref.upgrade() {
+                            link.add_waiter(&me);
+                        }
+                    }
+                    if !link.try_reserve_data(1) {
+                        return;
+                    }
+                }
+                let res = link.post_transmit(
+                    &[],
+                    path.peer_rkey,
+                    &path.sndbuf_mr,
+                    &v.to_bytes(),
+                    wr_cdc(self.token, v.seqno, 1),
+                    1,
+                );
+                if let Err(e) = res {
+                    warn!(token = self.token, error = %e, "failover validation CDC not posted");
+                    st.conn.kill(crate::conn::AbortReason::LinkLost);
+                    return;
+                }
+                st.validation = None;
+                continue;
+            }
+            if !link.try_reserve_data(TX_SLOTS) {
                 if !st.waiting_slots {
                     st.waiting_slots = true;
                     if let Some(me) = self.self_ref.upgrade() {
-                        r.link.add_waiter(&me);
+                        link.add_waiter(&me);
                     }
                 }
                 // Completions may have come back between the failed reservation and
                 // the registration: look once more.
-                if !r.link.try_reserve(TX_SLOTS) {
+                if !link.try_reserve_data(TX_SLOTS) {
                     return;
                 }
             }
             let Some(t) = st.conn.poll_transmit(now) else {
-                r.link.release(TX_SLOTS);
+                link.release(TX_SLOTS);
                 return;
             };
+            let p = path;
             let mut writes = [(0u64, 0u32, 0u32); 3];
             let n = t.writes().len();
             for (i, w) in t.writes().iter().enumerate() {
-                writes[i] = (r.peer_base + u64::from(w.dst_off), w.src_off, w.len);
+                writes[i] = (p.peer_base + u64::from(w.dst_off), w.src_off, w.len);
             }
             let cdc = t.cdc.to_bytes();
-            let res = r.link.post_transmit(
+            let res = p.link.post_transmit(
                 &writes[..n],
-                r.peer_rkey,
-                &r.sndbuf_mr,
+                p.peer_rkey,
+                &p.sndbuf_mr,
                 &cdc,
                 wr_cdc(self.token, t.cdc.seqno, n as u8 + 1),
                 TX_SLOTS,
@@ -239,8 +312,8 @@ impl ConnShared {
                     st.conn.on_cdc_send_failed(t.cdc.seqno);
                     if let Some(s) = self.stack.upgrade() {
                         s.post(Inbox::LinkError {
-                            lgr: r.lgr,
-                            link: r.link.id,
+                            lgr,
+                            link: p.link.id,
                         });
                     }
                     return;
@@ -254,7 +327,9 @@ impl ConnShared {
     /// data before the CDC, RFC 7609 §4.7.1), and the CDC is complete at once.
     fn flush_shm(&self, p: &ShmPath, st: &mut ConnState, now: Instant) {
         loop {
-            let Some(rings) = st.shm.as_mut() else { return };
+            let Path::Shm(rings) = &mut st.path else {
+                return;
+            };
             match rings.tx.has_room() {
                 Ok(true) => {}
                 // The peer wakes us when it consumed (its ring's TX_WAIT).
@@ -279,7 +354,9 @@ impl ConnShared {
                 );
             }
             let cdc = t.cdc.to_bytes();
-            let Some(rings) = st.shm.as_mut() else { return };
+            let Path::Shm(rings) = &mut st.path else {
+                return;
+            };
             if rings.tx.publish(&cdc) {
                 p.ring_peer();
             }
@@ -298,7 +375,7 @@ impl ConnShared {
     }
 
     fn shm_drain(&self, p: &ShmPath, st: &mut ConnState, now: Instant) {
-        let Some(mut rings) = st.shm.take() else {
+        let Path::Shm(rings) = &mut st.path else {
             return;
         };
         let mut msgs: arrayvec::ArrayVec<[u8; 44], 64> = arrayvec::ArrayVec::new();
@@ -306,7 +383,6 @@ impl ConnShared {
             let _ = msgs.try_push(*b);
         });
         p.rx_tail_hint.store(rings.rx.tail, Ordering::Release);
-        st.shm = Some(rings);
         match res {
             Ok(wake_writer) => {
                 if wake_writer {
@@ -338,26 +414,30 @@ impl ConnShared {
     }
 
     fn on_events(&self, st: &mut ConnState, ev: Events) {
-        if ev.intersects(
-            Events::READABLE
-                | Events::WRITABLE
-                | Events::URGENT
-                | Events::ERROR
-                | Events::PEER_DONE,
-        ) {
-            self.wake_seq.fetch_add(1, Ordering::Release);
-            self.cond.notify_all();
-            for w in &st.shm_sleepers {
-                w.wake();
-            }
-            for d in &st.drivers {
+        // Readers and writers are woken apart: in a request/response exchange the
+        // requester reads right after writing, and the completion of its write (the
+        // RNIC's ACK) or the peer's consumer update only concerns a writer.
+        if ev.intersects(Events::READABLE | Events::URGENT | Events::ERROR | Events::PEER_DONE) {
+            self.rx_seq.fetch_add(1, Ordering::Release);
+            self.rx_cond.notify_all();
+            for d in &st.rx_drivers {
                 d.wake();
             }
-            if ev.intersects(Events::READABLE | Events::URGENT | Events::ERROR | Events::PEER_DONE)
-            {
-                if let Some(w) = st.rx_waker.take() {
-                    w.wake();
-                }
+            for w in &st.shm_rx_sleepers {
+                w.wake();
+            }
+            if let Some(w) = st.rx_waker.take() {
+                w.wake();
+            }
+        }
+        if ev.intersects(Events::WRITABLE | Events::ERROR | Events::PEER_DONE) {
+            self.tx_seq.fetch_add(1, Ordering::Release);
+            self.tx_cond.notify_all();
+            for d in &st.tx_drivers {
+                d.wake();
+            }
+            for w in &st.shm_tx_sleepers {
+                w.wake();
             }
             if ev.intersects(Events::WRITABLE | Events::ERROR) {
                 if let Some(w) = st.tx_waker.take() {
@@ -378,7 +458,7 @@ impl ConnShared {
                     s.post(Inbox::ResetTcp(self.token));
                 }
                 if ev.contains(Events::CLOSED) {
-                    s.post(Inbox::ConnClosed);
+                    s.post(Inbox::ConnClosed(self.token));
                 }
             }
         }
@@ -409,20 +489,43 @@ impl ConnShared {
         tracing::trace!(token = self.token, ?out, "cdc");
     }
 
-    /// A CDC's send completion (completion thread).
+    /// A CDC's send completion (completion thread). A failure stops transmission; the
+    /// link's error reaches the endpoint (`Inbox::LinkError`, posted by the link), which
+    /// moves the connection to another link (`ConnAction::Failover`, RFC 7609 §4.6) or
+    /// ends it (§4.8.3). Completions of a link the connection has left concern CDCs
+    /// the failover already counted as lost; the machine ignores them.
     pub(crate) fn on_cdc_complete(&self, seq: u16, ok: bool) {
         let mut st = self.lock();
         if ok {
             st.conn.on_cdc_sent(seq);
         } else {
             st.conn.on_cdc_send_failed(seq);
-            // Single-link groups have nowhere to fail over to (§4.8.3); the link-group
-            // machine decides about the link, the connection cannot go on.
             if st.conn.needs_failover() {
-                debug!(token = self.token, "CDC send failed, no alternate link");
-                st.conn.kill(crate::conn::AbortReason::LinkLost);
+                debug!(token = self.token, "CDC send failed: waiting for failover");
             }
         }
         self.drive(&mut st, Instant::now());
+    }
+
+    /// RFC 7609 §4.6: the connection moves to `path` (event thread). The old link's QP
+    /// goes to the error state first, so that nothing posted there can still reach
+    /// the peer (§2.3: the writes end before the connection moves; their completions,
+    /// flushed, are ignored). Then the validation CDC goes first on the new link and the
+    /// unconfirmed writes are replayed (`Conn::prepare_failover`). A same-host
+    /// connection has no link to lose (and is in no link group): nothing to do.
+    pub(crate) fn fail_over(&self, st: &mut ConnState, path: RdmaPath, now: Instant) {
+        let Path::Rdma(cur) = &mut st.path else {
+            debug!(
+                token = self.token,
+                "failover of a same-host connection: ignored"
+            );
+            return;
+        };
+        let old = std::mem::replace(cur, path);
+        old.link.fail();
+        st.waiting_slots = false;
+        st.failovers += 1;
+        st.validation = st.conn.prepare_failover();
+        self.drive(st, now);
     }
 }

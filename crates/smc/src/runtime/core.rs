@@ -13,25 +13,28 @@
 use std::collections::BTreeMap;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use rustix::event::epoll;
+use smc_verbs::netdev::PathState;
 use smc_verbs::{AccessFlags, RdmaBuffer};
-use tracing::{debug, trace, warn};
+use tracing::{debug, info, trace, warn};
 
-use super::conn::{ConnShared, ConnState, Path, RdmaPath};
+use super::conn::{ConnShared, ConnState, Kind, Path, RdmaPath};
 use super::host::{HostCtx, HostState, SAME_HOST_LGR};
 use super::routes::{client_route, eligibility, server_route};
 use super::{
-    sys, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo, LinkListing,
-    ListenerShared, Stats,
+    sys, BufferSizes, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo,
+    LinkListing, ListenerShared, Stats,
 };
 use crate::clc::{self, Eligibility};
 use crate::conn::{AbortReason, Conn, State};
 use crate::endpoint::{
-    ConnAction, DeviceInfo, Endpoint, EndpointConfig, NewConn, Output, RendezvousOutcome, TcpId,
+    ConnAction, DeviceInfo, Endpoint, EndpointConfig, FailoverTarget, NewConn, Output,
+    RendezvousOutcome, TcpId,
 };
 
 /// Longest single `poll()` sleep (guards against a missed wake-up).
@@ -39,6 +42,9 @@ const MAX_SLEEP: Duration = Duration::from_millis(500);
 /// Longest sleep while a same-host connection's doorbell is left to an application
 /// thread sleeping on it (see `run`).
 const BELL_RECHECK: Duration = Duration::from_millis(10);
+
+/// Ready idle TCP sockets taken from the epoll set per look (more wait for the next).
+const EPOLL_BATCH: usize = 256;
 
 /// Where a finished rendezvous goes.
 enum Origin {
@@ -65,6 +71,16 @@ pub(crate) struct Core {
     next_tcp: u64,
     listeners: BTreeMap<u64, Arc<ListenerShared>>,
     next_listener: u64,
+    /// The idle TCP sockets of established connections (RFC 7609 §4.8: watched for FIN
+    /// and RST), registered once with their alert token: the event thread's wake-ups
+    /// then cost nothing per established connection.
+    epoll: OwnedFd,
+    /// Connections that reached CLOSED or were released since the last reap: the only
+    /// ones that may have become releasable.
+    reap_check: Vec<u32>,
+    /// The same-host connections (also in `host.conns`): their doorbells are polled
+    /// apart from the epoll set (see `run`).
+    shm_conns: BTreeMap<u32, Arc<ConnShared>>,
 }
 
 impl Core {
@@ -74,14 +90,25 @@ impl Core {
         self.host.conns.values().cloned().collect()
     }
 
-    pub(crate) fn new(cfg: EndpointConfig) -> Core {
-        Core {
+    pub(crate) fn new(cfg: EndpointConfig) -> io::Result<Core> {
+        Ok(Core {
             ep: Endpoint::new(cfg),
             host: HostState::default(),
             rdvs: BTreeMap::new(),
             next_tcp: 0,
             listeners: BTreeMap::new(),
             next_listener: 0,
+            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+            reap_check: Vec::new(),
+            shm_conns: BTreeMap::new(),
+        })
+    }
+
+    /// Stops watching a connection's idle TCP socket (before it is closed or once its
+    /// FIN or RST was seen: level-triggered, it would stay ready).
+    fn unwatch(&self, tcp: &TcpStream) {
+        if let Err(e) = epoll::delete(&self.epoll, tcp) {
+            trace!(error = %e, "epoll delete");
         }
     }
 
@@ -100,6 +127,21 @@ impl Core {
         };
         self.apply(inner);
         r
+    }
+
+    /// Opens the devices of `StackConfig::devices` and gives them to the endpoint as link
+    /// devices (every link group may put links on them, RFC 7609 §2.2). An address
+    /// without a device is skipped (logged).
+    pub(crate) fn add_link_devices(&mut self, inner: &Arc<Inner>) {
+        for ip in inner.cfg.devices.clone() {
+            match self.host.device_for(inner, ip) {
+                Some((d, _)) => {
+                    debug!(%ip, device = ?d.id, "link device");
+                    self.ep(inner, |ep, h| ep.add_link_device(Instant::now(), h, d));
+                }
+                None => warn!(%ip, "SMC_RS_DEVICES: no RDMA device for this address; skipped"),
+            }
+        }
     }
 
     /// The device serving `ip` (opened on first use and described to the endpoint).
@@ -211,16 +253,54 @@ impl Core {
                     }
                 }
                 Output::Conn { token, action } => {
-                    if let Some(c) = self.host.conns.get(&token) {
+                    if let Some(c) = self.host.conns.get(&token).cloned() {
                         let now = Instant::now();
+                        if let ConnAction::Failover(t) = action {
+                            self.fail_over(&c, t, now);
+                            continue;
+                        }
                         let mut st = c.lock();
                         match action {
                             ConnAction::Kill(reason) => st.conn.kill(reason),
                             ConnAction::TcpReset => st.conn.on_tcp_reset(now),
+                            ConnAction::Failover(_) => {}
                         }
                         c.drive(&mut st, now);
                     }
                 }
+            }
+        }
+    }
+
+    /// RFC 7609 §4.6: a connection moves to the link the endpoint chose. Its send buffer
+    /// is registered on the new link's PD; without the link or the registration the
+    /// connection ends.
+    fn fail_over(&mut self, c: &Arc<ConnShared>, t: FailoverTarget, now: Instant) {
+        // Only SMC-R connections are in a link group (the endpoint knows no other).
+        let link = c
+            .lgr()
+            .and_then(|lgr| self.host.links.get(&(lgr, t.link)).cloned());
+        let mr = link.as_ref().map(|l| {
+            l.pd.reg_mr(&c.sndbuf, AccessFlags::LOCAL_WRITE)
+                .map_err(|e| e.to_string())
+        });
+        let mut st = c.lock();
+        match (link, mr) {
+            (Some(link), Some(Ok(sndbuf_mr))) => {
+                debug!(token = c.token, to = %t.link, "connection fails over");
+                let path = RdmaPath {
+                    link,
+                    sndbuf_mr,
+                    peer_base: t.peer_base,
+                    peer_rkey: t.peer_rkey,
+                };
+                c.fail_over(&mut st, path, now);
+            }
+            (_, mr) => {
+                let error = mr.and_then(|r| r.err());
+                warn!(token = c.token, to = %t.link, ?error, "failover impossible: the connection ends");
+                st.conn.kill(AbortReason::LinkLost);
+                c.drive(&mut st, now);
             }
         }
     }
@@ -278,7 +358,14 @@ impl Core {
                     t.set_nonblocking(false)?;
                     Ok(t)
                 })
-                .map(|t| Established::Fallback(t, reason)),
+                .map(|t| {
+                    let role = match r.origin {
+                        Origin::Connect(_) => "client",
+                        _ => "server",
+                    };
+                    crate::observe::record_fallback(&t, role, &reason);
+                    Established::Fallback(t, reason)
+                }),
             RendezvousOutcome::Reset(reason) => {
                 if let Ok(t) = r.tcp.try_clone() {
                     sys::reset_tcp(t);
@@ -311,8 +398,24 @@ impl Core {
         r: &RdvIo,
         setup: super::shm::ShmSetup,
     ) -> io::Result<Arc<ConnShared>> {
-        let shared = super::shm::new_conn(inner, r.local, r.peer, &r.tcp, setup)?;
+        // The idle TCP connection carries the FIN and RST (a failed clone would close it
+        // under the peer, which would take that for our death).
+        let tcp = sys::clone_in_place(&r.tcp)?;
+        let shared = super::shm::new_conn(inner, r.local, r.peer, tcp, setup)?;
+        {
+            let st = shared.lock();
+            if let Some(tcp) = &st.tcp {
+                // Watched like an SMC-R connection's (RFC 7609 §4.8: FIN and RST).
+                epoll::add(
+                    &self.epoll,
+                    tcp,
+                    epoll::EventData::new_u64(u64::from(shared.token)),
+                    epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+                )?;
+            }
+        }
         self.host.conns.insert(shared.token, shared.clone());
+        self.shm_conns.insert(shared.token, shared.clone());
         Ok(shared)
     }
 
@@ -354,27 +457,38 @@ impl Core {
             }
         };
         let conn = Conn::new(nc.params, cfg.conn.clone()).map_err(|e| err(&e.to_string()))?;
-        let tcp = r.tcp.try_clone()?;
+        let tcp = sys::clone_in_place(&r.tcp)?;
+        epoll::add(
+            &self.epoll,
+            &tcp,
+            epoll::EventData::new_u64(u64::from(nc.token)),
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
+        )?;
         let shared = Arc::new_cyclic(|me| ConnShared {
             token: nc.token,
-            path: Path::Rdma(RdmaPath {
-                lgr: nc.lgr,
-                link,
-                sndbuf_mr,
-                peer_base: nc.peer_base,
-                peer_rkey: nc.peer_rkey,
-            }),
+            kind: Kind::SmcR(nc.lgr),
             rmb,
             sndbuf,
             local: r.local,
             peer: r.peer,
             version: nc.version,
             first_contact: nc.contact.is_first(),
-            state: Mutex::new(ConnState::new(conn, Some(tcp), None)),
-            cond: Condvar::new(),
+            state: Mutex::new(ConnState::new(
+                conn,
+                Path::Rdma(RdmaPath {
+                    link,
+                    sndbuf_mr,
+                    peer_base: nc.peer_base,
+                    peer_rkey: nc.peer_rkey,
+                }),
+                Some(tcp),
+            )),
+            rx_cond: Condvar::new(),
+            tx_cond: Condvar::new(),
             bytes_sent: Default::default(),
             bytes_received: Default::default(),
-            wake_seq: Default::default(),
+            rx_seq: Default::default(),
+            tx_seq: Default::default(),
             stack: Arc::downgrade(inner),
             self_ref: me.clone(),
         });
@@ -411,12 +525,15 @@ impl Core {
                 if let Some(c) = self.host.conns.get(&t) {
                     let mut st = c.lock();
                     if let Some(tcp) = st.tcp.take() {
+                        if !st.tcp_done {
+                            self.unwatch(&tcp);
+                        }
                         sys::reset_tcp(tcp);
                     }
                     st.tcp_done = true;
                 }
             }
-            Inbox::ConnClosed | Inbox::Released => {}
+            Inbox::ConnClosed(t) | Inbox::Released(t) => self.reap_check.push(t),
         }
     }
 
@@ -502,6 +619,9 @@ impl Core {
         let mut b = [0u8; 256];
         loop {
             let mut st = c.lock();
+            if st.tcp_done {
+                return;
+            }
             let r = match st.tcp.as_mut() {
                 Some(t) => t.read(&mut b),
                 None => return,
@@ -509,6 +629,9 @@ impl Core {
             match r {
                 Ok(0) => {
                     st.tcp_done = true;
+                    if let Some(t) = &st.tcp {
+                        self.unwatch(t);
+                    }
                     if c.shm().is_some() {
                         drop(st);
                         c.shm_poll(now);
@@ -542,6 +665,9 @@ impl Core {
                     // RST (RFC 7609 §4.8.2): abort the SMC-R connection.
                     debug!(token, error = %e, "TCP connection reset");
                     st.tcp_done = true;
+                    if let Some(t) = &st.tcp {
+                        self.unwatch(t);
+                    }
                     if c.shm().is_some() {
                         // The endpoint knows no same-host connection: §4.8.2 here.
                         st.conn.on_tcp_reset(now);
@@ -561,57 +687,82 @@ impl Core {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             self.ep(inner, |ep, h| ep.handle_timeout(now, h));
         }
-        for c in self.host.conns.values() {
+        // Only the due entries of the timer queue (timers.rs), not every connection.
+        while let Some((at, token)) = inner.timers.pop_due(now) {
+            let Some(c) = self.host.conns.get(&token) else {
+                continue; // released since
+            };
             let mut st = c.lock();
+            if st.queued != Some(at) {
+                continue; // superseded by an earlier entry
+            }
+            st.queued = None;
             if st.armed.is_some_and(|t| t <= now) {
                 st.armed = None;
                 st.conn.on_timeout(now);
                 c.drive(&mut st, now);
+            } else {
+                // The deadline moved later (or went away) since it was queued.
+                c.schedule(&mut st);
             }
         }
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
-        let mut d = self.ep.poll_timeout();
-        for c in self.host.conns.values() {
-            if let Some(t) = c.lock().armed {
-                d = Some(d.map_or(t, |x| x.min(t)));
-            }
+    fn next_deadline(&self, inner: &Inner) -> Option<Instant> {
+        match (self.ep.poll_timeout(), inner.timers.next()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
-        d
     }
 
     /// Releases connections that are closed and no longer referenced by the application.
-    fn reap(&mut self, inner: &Arc<Inner>, now: Instant) {
-        let done: Vec<u32> = self
-            .host
-            .conns
-            .iter()
-            .filter(|(_, c)| {
+    /// Looks only at the connections that reached CLOSED or were released since the
+    /// last time (`Inbox::ConnClosed`, `Inbox::Released`): one of the two is always
+    /// the last step before a connection can go.
+    fn reap(&mut self, inner: &Arc<Inner>, now: Instant, check: &mut Vec<u32>) {
+        // Swapped, not taken: both vectors keep their capacity.
+        std::mem::swap(&mut self.reap_check, check);
+        for t in check.drain(..) {
+            let done = self.host.conns.get(&t).is_some_and(|c| {
                 let st = c.lock();
                 st.released && st.conn.state() == State::Closed
-            })
-            .map(|(t, _)| *t)
-            .collect();
-        for t in done {
+            });
+            if !done {
+                continue;
+            }
             let Some(c) = self.host.conns.remove(&t) else {
                 continue;
             };
-            drop(c.lock().tcp.take());
-            let Some(rd) = c.rdma() else {
+            let rdma = {
+                let mut st = c.lock();
+                if let Some(tcp) = st.tcp.take() {
+                    if !st.tcp_done {
+                        self.unwatch(&tcp);
+                    }
+                }
+                st.rdma().map(|p| (p.link.clone(), p.sndbuf_mr.clone()))
+            };
+            let (Some(lgr), Some((link, mr))) = (c.lgr(), rdma) else {
                 // Same host: the mappings and descriptors go with the last reference
                 // (the application's handle is gone by now).
-                drop(c.lock().shm.take());
+                self.shm_conns.remove(&t);
                 release_token(inner, t);
                 debug!(token = t, "same-host connection released");
                 continue;
             };
-            let pool = self.host.sndbufs.entry((rd.lgr, rd.link.id)).or_default();
-            if pool.len() < inner.cfg.rmb_cache && !rd.link.dead.load(Ordering::SeqCst) {
-                pool.push((c.sndbuf.clone(), rd.sndbuf_mr.clone()));
+            // The send buffer is registered on the PD of the connection's last link.
+            let pool = self.host.sndbufs.entry((lgr, link.id)).or_default();
+            if pool.len() < inner.cfg.rmb_cache && !link.dead.load(Ordering::SeqCst) {
+                pool.push((c.sndbuf.clone(), mr));
             }
             debug!(token = t, "connection released");
             self.ep(inner, |ep, h| ep.conn_released(now, h, t));
+        }
+        // Timer entries of released connections (timers.rs), once they outnumber the
+        // live ones. The heap's lock is taken alone here (no connection lock inside it).
+        if inner.timers.len() > 2 * (self.host.conns.len() + 64) {
+            let conns = &self.host.conns;
+            inner.timers.retain_tokens(|t| conns.contains_key(&t));
         }
         self.listeners
             .retain(|_, l| !l.closed.load(Ordering::SeqCst));
@@ -627,6 +778,69 @@ impl Core {
         any
     }
 
+    /// See `Stack::inject_link_failure`.
+    pub(crate) fn inject_link_failure(&mut self, lgr: LinkGroupId, num: u8) -> bool {
+        let id = clc::LgrId(lgr.0);
+        let link = self
+            .ep
+            .link_groups()
+            .into_iter()
+            .filter(|g| g.id == id)
+            .flat_map(|g| g.links)
+            .find(|l| l.num == num)
+            .and_then(|l| self.host.links.get(&(id, l.id)).cloned());
+        match link {
+            Some(l) => {
+                warn!(lgr = id.0, num, "injected link failure: QP to ERR");
+                l.fail();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// After an interface or address change: a device whose address is gone or whose
+    /// interface is down fails its links now (their connections fail over, RFC 7609
+    /// §4.6, or end if no link is left), and gets no new link until it is back.
+    pub(crate) fn check_paths(&mut self, inner: &Arc<Inner>) {
+        for i in 0..self.host.devices.len() {
+            let (ip, dev) = &self.host.devices[i];
+            let (ip, Some(dev)) = (*ip, dev.clone()) else {
+                continue;
+            };
+            match smc_verbs::netdev::path_state(ip) {
+                PathState::Up => {
+                    if self.host.paths_down.remove(&ip) {
+                        info!(%ip, device = dev.name(), "device's path is up again: links may be added on it");
+                    }
+                }
+                down => {
+                    if !self.host.paths_down.insert(ip) {
+                        continue;
+                    }
+                    let why = match down {
+                        PathState::AddressGone => "address removed".to_string(),
+                        PathState::InterfaceDown(n) => format!("interface {n} down"),
+                        PathState::Up => unreachable!(),
+                    };
+                    inner.counters.paths_down.fetch_add(1, Ordering::Relaxed);
+                    let links: Vec<_> = self
+                        .host
+                        .links
+                        .values()
+                        .filter(|l| l.device.same(&dev))
+                        .cloned()
+                        .collect();
+                    warn!(%ip, device = dev.name(), reason = %why, links = links.len(),
+                        "device's path lost: failing its links");
+                    for l in links {
+                        l.fail();
+                    }
+                }
+            }
+        }
+    }
+
     pub(crate) fn terminate_all(&mut self, inner: &Arc<Inner>, now: Instant) {
         self.ep(inner, |ep, h| ep.terminate_all(now, h));
     }
@@ -638,7 +852,11 @@ impl Core {
             let mut st = c.lock();
             st.conn.kill(AbortReason::LinkLost);
             c.drive(&mut st, now);
-            st.tcp.take();
+            if let Some(tcp) = st.tcp.take() {
+                if !st.tcp_done {
+                    self.unwatch(&tcp);
+                }
+            }
         }
         for res in self.host.links.values() {
             res.destroy();
@@ -680,6 +898,7 @@ impl Core {
                         qpn: l.qpn,
                         peer_qpn: l.peer_qpn,
                         device: self.host.device_name(l.device),
+                        gid: self.host.device_gid(l.device),
                         peer_gid: l.peer_gid.map(|p| p.to_string()),
                     })
                     .collect(),
@@ -691,7 +910,33 @@ impl Core {
             .collect()
     }
 
+    /// Sizes of the RMBs registered and of the send buffers (in use or pooled):
+    /// size in bytes → how many.
+    pub(crate) fn buffer_sizes(&self) -> BufferSizes {
+        let mut b = BufferSizes::default();
+        for r in self.host.rmbs.values() {
+            *b.rmbs.entry(r.buf.len()).or_default() += 1;
+        }
+        for c in self.host.conns.values() {
+            *b.sndbufs.entry(c.sndbuf.len()).or_default() += 1;
+        }
+        for (buf, _) in self.host.sndbufs.values().flatten() {
+            *b.sndbufs.entry(buf.len()).or_default() += 1;
+        }
+        b
+    }
+
+    pub(crate) fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.values().map(|l| l.local).collect()
+    }
+
     pub(crate) fn conn_infos(&self) -> Vec<ConnInfo> {
+        let nums: BTreeMap<(clc::LgrId, crate::llc::LinkId), u8> = self
+            .ep
+            .link_groups()
+            .into_iter()
+            .flat_map(|g| g.links.into_iter().map(move |l| ((g.id, l.id), l.num)))
+            .collect();
         let mut v: Vec<ConnInfo> = self
             .host
             .conns
@@ -701,9 +946,17 @@ impl Core {
                 ConnInfo {
                     local: c.local,
                     peer: c.peer,
-                    mode: match c.lgr() {
-                        Some(_) => format!("SMC-Rv{}", c.version),
-                        None => "same-host".into(),
+                    mode: match (c.lgr(), st.failovers) {
+                        (None, _) => "same-host".into(),
+                        (Some(_), 0) => format!("SMC-Rv{}", c.version),
+                        (Some(_), n) => {
+                            format!("SMC-Rv{} (moved to another link {n}x)", c.version)
+                        }
+                    },
+                    failovers: st.failovers,
+                    link: match (c.lgr(), st.rdma()) {
+                        (Some(lgr), Some(p)) => nums.get(&(lgr, p.link.id)).copied(),
+                        _ => None,
                     },
                     state: st.conn.state().to_string(),
                     lgr: c.lgr().map(|l| LinkGroupId(l.0)),
@@ -721,6 +974,8 @@ impl Core {
                 lgr: None,
                 bytes_sent: 0,
                 bytes_received: 0,
+                failovers: 0,
+                link: None,
             });
         }
         v
@@ -737,12 +992,7 @@ impl Core {
             rmbs,
             rmb_elements_in_use: in_use,
             smc_connections: self.host.conns.len(),
-            same_host_connections: self
-                .host
-                .conns
-                .values()
-                .filter(|c| c.shm().is_some())
-                .count(),
+            same_host_connections: self.shm_conns.len(),
             same_host_total: c.same_host_total,
             handshakes: self.rdvs.len(),
             listeners: self.listeners.len(),
@@ -753,6 +1003,7 @@ impl Core {
             rmbs_deleted: c.rmbs_deleted,
             lgrs_ended: c.lgrs_ended,
             links_failed: c.links_failed,
+            failovers: c.failovers,
             llc_received: c.llc_received,
             llc_dropped: c.llc_dropped,
             ..Stats::default()
@@ -772,7 +1023,11 @@ pub(crate) fn register_client(
 ) -> io::Result<()> {
     let local = tcp.local_addr()?;
     let peer = tcp.peer_addr()?;
-    let elig = eligibility(inner, &tcp, peer);
+    // The allow/deny lists first (crate::policy): a kept-TCP connection sends nothing.
+    let elig = match inner.cfg.policy.keeps_tcp(peer) {
+        Some(reason) => crate::clc::Eligibility::NotEligible { reason },
+        None => eligibility(inner, &tcp, peer),
+    };
     tcp.set_nonblocking(true)?;
     let mut core = inner.lock_core();
     // The Proposal (or a not-eligible connection's end) goes out right here: one thread
@@ -817,7 +1072,10 @@ enum Fd {
     Wake,
     Listener(u64),
     Rdv(TcpId),
-    Conn(u32),
+    /// The epoll set of the established connections' idle TCP sockets.
+    Conns,
+    NetMon,
+    /// A same-host connection's doorbell.
     Bell(u32),
 }
 
@@ -829,6 +1087,8 @@ pub(crate) fn run(inner: Arc<Inner>) {
     let mut fds: Vec<libc::pollfd> = Vec::new();
     let mut what: Vec<Fd> = Vec::new();
     let mut msgs: Vec<Inbox> = Vec::new();
+    let mut ready: Vec<epoll::Event> = Vec::with_capacity(EPOLL_BATCH);
+    let mut reap_check: Vec<u32> = Vec::new();
     loop {
         if inner.stop.load(Ordering::SeqCst) {
             let mut core = inner.lock_core();
@@ -843,6 +1103,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
             let core = inner.lock_core();
             fds.push(pfd(inner.efd.fd(), libc::POLLIN));
             what.push(Fd::Wake);
+            if let Some(m) = &inner.netmon {
+                fds.push(pfd(m.as_raw_fd(), libc::POLLIN));
+                what.push(Fd::NetMon);
+            }
             for l in core.listeners.values() {
                 fds.push(pfd(l.sock.as_raw_fd(), libc::POLLIN));
                 what.push(Fd::Listener(l.id));
@@ -860,31 +1124,28 @@ pub(crate) fn run(inner: Arc<Inner>) {
                     what.push(Fd::Rdv(*id));
                 }
             }
-            for (t, c) in &core.host.conns {
+            // The established connections' sockets: one fd, however many there are.
+            fds.push(pfd(core.epoll.as_fd().as_raw_fd(), libc::POLLIN));
+            what.push(Fd::Conns);
+            // Same-host doorbells, one fd per same-host connection (only those).
+            for (t, c) in &core.shm_conns {
+                let Some(p) = c.shm() else { continue };
                 let st = c.lock();
-                if let Some(tcp) = &st.tcp {
-                    if !st.tcp_done {
-                        fds.push(pfd(tcp.as_raw_fd(), libc::POLLIN | libc::POLLRDHUP));
-                        what.push(Fd::Conn(*t));
-                    }
-                }
-                if let Some(p) = c.shm() {
-                    if st.conn.state() != State::Closed {
-                        if st.shm_sleepers.is_empty() {
-                            fds.push(pfd(p.bell.fd(), libc::POLLIN));
-                            what.push(Fd::Bell(*t));
-                        } else {
-                            // An application thread sleeps on this bell and takes the
-                            // ring itself: waking this thread too would only compete
-                            // for the CPU. Looked at again within BELL_RECHECK, for a
-                            // CDC that comes after that thread left.
-                            bell_skipped = true;
-                        }
+                if st.conn.state() != State::Closed {
+                    if st.shm_rx_sleepers.is_empty() && st.shm_tx_sleepers.is_empty() {
+                        fds.push(pfd(p.bell.fd(), libc::POLLIN));
+                        what.push(Fd::Bell(*t));
+                    } else {
+                        // An application thread sleeps on this bell and takes the
+                        // ring itself: waking this thread too would only compete
+                        // for the CPU. Looked at again within BELL_RECHECK, for a
+                        // CDC that comes after that thread left.
+                        bell_skipped = true;
                     }
                 }
             }
             let now = Instant::now();
-            core.next_deadline()
+            core.next_deadline(&inner)
                 .map(|d| d.saturating_duration_since(now))
                 .unwrap_or(MAX_SLEEP)
                 .min(if bell_skipped {
@@ -920,22 +1181,46 @@ pub(crate) fn run(inner: Arc<Inner>) {
             }
             match *w {
                 Fd::Wake => {}
+                Fd::NetMon => {
+                    if inner.netmon.as_ref().is_some_and(|m| m.drain(&mut buf)) {
+                        core.check_paths(&inner);
+                    }
+                }
                 Fd::Listener(id) => core.on_listener(&inner, id),
                 Fd::Rdv(id) => core.on_rdv_io(&inner, id, now, &mut buf),
-                Fd::Conn(t) => core.on_conn_tcp(&inner, t, now),
                 Fd::Bell(t) => {
                     // The same-host peer put CDCs in our ring (or made room in its).
-                    if let Some(c) = core.host.conns.get(&t).cloned() {
+                    if let Some(c) = core.shm_conns.get(&t).cloned() {
                         if let Some(p) = c.shm() {
                             p.bell.drain();
                         }
                         c.shm_poll(now);
                     }
                 }
+                Fd::Conns => {
+                    ready.clear();
+                    let zero = rustix::event::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    match epoll::wait(
+                        &core.epoll,
+                        rustix::buffer::spare_capacity(&mut ready),
+                        Some(&zero),
+                    ) {
+                        Ok(_) => {
+                            for ev in ready.iter() {
+                                let data = ev.data;
+                                core.on_conn_tcp(&inner, data.u64() as u32, now);
+                            }
+                        }
+                        Err(e) => debug!(error = %e, "epoll_wait failed"),
+                    }
+                }
             }
         }
         core.on_timers(&inner, now);
-        core.reap(&inner, now);
+        core.reap(&inner, now, &mut reap_check);
     }
 }
 

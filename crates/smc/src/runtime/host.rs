@@ -35,6 +35,11 @@ pub(crate) struct HostState {
     /// device was removed and dropped (the address gets a new one, under the same id,
     /// when a connection next asks for it).
     pub devices: Vec<(IpAddr, Option<Device>)>,
+    /// Addresses whose interface is down or lost the address ([`Core::check_paths`]):
+    /// no new link goes on their device.
+    ///
+    /// [`Core::check_paths`]: super::core::Core::check_paths
+    pub paths_down: BTreeSet<IpAddr>,
     /// Addresses whose device could not be opened (warned once).
     pub device_errors: BTreeSet<IpAddr>,
     pub links: HashMap<(LgrId, llc::LinkId), Arc<LinkRes>>,
@@ -99,6 +104,14 @@ impl HostState {
         }
     }
 
+    pub(crate) fn device_gid(&self, id: DeviceId) -> String {
+        self.devices
+            .get(id.0 as usize)
+            .and_then(|(_, d)| d.as_ref())
+            .map(|d| d.gid().to_string())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn device_name(&self, id: DeviceId) -> String {
         self.devices
             .get(id.0 as usize)
@@ -137,12 +150,17 @@ impl Host for HostCtx<'_> {
         link: llc::LinkId,
         device: DeviceId,
     ) -> Result<QpInfo, HostError> {
-        let dev = self
+        let (ip, dev) = self
             .st
             .devices
             .get(device.0 as usize)
-            .and_then(|(_, d)| d.clone())
+            .and_then(|(ip, d)| Some((*ip, d.clone()?)))
             .ok_or_else(|| HostError(format!("no device {device:?}")))?;
+        if self.st.paths_down.contains(&ip) {
+            return Err(HostError(format!(
+                "{ip}: interface down or address removed"
+            )));
+        }
         let res = LinkRes::create(self.inner, &dev, lgr, link).map_err(herr)?;
         let qp = QpInfo {
             qpn: U24::wrapping(res.qp.qpn()),

@@ -46,6 +46,12 @@ const CTL_SLOTS: usize = 4096;
 /// Send slots a transmit needs at most: three RDMA WRITEs and the CDC.
 pub(crate) const TX_SLOTS: i64 = 4;
 
+/// Send slots connections leave free for LLC messages: a link carrying many busy
+/// connections (all of a failed link's, after a failover) must still be able to send
+/// its DELETE LINK, ADD LINK, CONFIRM RKEY and TEST LINK; an LLC message that finds no
+/// slot counts as a failed send and takes the link down.
+pub(crate) const LLC_RESERVE: i64 = 16;
+
 /// Something waiting for send slots on a link (a connection whose CDC or RDMA WRITE did
 /// not fit): kicked when slots come back or the link dies. A trait so that the link
 /// does not import the connection that imports it.
@@ -120,6 +126,12 @@ pub(crate) struct LinkRes {
     pub llc_queued: AtomicUsize,
     /// Destroyed or failed: no more posting or reposting.
     pub dead: AtomicBool,
+    /// The QP is (or is about to be) in the error state: connections post nothing more
+    /// on it and wait for the endpoint to move them (RFC 7609 §4.6) or end them. A post
+    /// on a QP in error completes at once, and on the RNIC's engine thread (a waiter
+    /// kicked by this link's completion handler) that would run the handler inside
+    /// itself.
+    pub failed: AtomicBool,
     /// Large LLC messages (SMC-Rv2) sent from registered memory until their completion.
     big_sends: Mutex<Vec<(u64, Mr)>>,
     handler_lock: Mutex<()>,
@@ -188,6 +200,7 @@ impl LinkRes {
             activity: AtomicBool::new(false),
             llc_queued: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             big_sends: Mutex::new(Vec::new()),
             handler_lock: Mutex::new(()),
             stack: Arc::downgrade(stack),
@@ -226,6 +239,15 @@ impl LinkRes {
         Ok(())
     }
 
+    /// Marks the link failed and moves its QP to the error state (its outstanding work
+    /// is flushed; the handler stays, so the flushes are seen).
+    pub(crate) fn fail(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        if let Err(e) = self.qp.modify_to_err() {
+            debug!(error = %e, "QP to ERR failed");
+        }
+    }
+
     /// Stops the link: QP to ERR (outstanding work is flushed), handler removed.
     pub(crate) fn destroy(&self) {
         if self.dead.swap(true, Ordering::SeqCst) {
@@ -254,6 +276,26 @@ impl LinkRes {
             wr_id: (KIND_RECV << KIND_SHIFT) | u64::from(slot),
             sg_list: &sge,
         })
+    }
+
+    /// Takes `n` send slots for a connection's transmit if they are free beyond the
+    /// [`LLC_RESERVE`].
+    pub(crate) fn try_reserve_data(&self, n: i64) -> bool {
+        let mut cur = self.send_free.load(Ordering::SeqCst);
+        loop {
+            if cur - n < LLC_RESERVE {
+                return false;
+            }
+            match self.send_free.compare_exchange_weak(
+                cur,
+                cur - n,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return true,
+                Err(v) => cur = v,
+            }
+        }
     }
 
     /// Takes `n` send slots if they are free.
@@ -312,7 +354,7 @@ impl LinkRes {
             return;
         }
         loop {
-            if self.free_slots() < TX_SLOTS {
+            if self.free_slots() < TX_SLOTS + LLC_RESERVE {
                 return;
             }
             let next = match self.waiters.lock() {
@@ -386,7 +428,7 @@ impl LinkRes {
         slots: i64,
     ) -> smc_verbs::Result<()> {
         let n = writes.len() as i64 + 1;
-        if self.dead.load(Ordering::SeqCst) {
+        if self.dead.load(Ordering::SeqCst) || self.failed.load(Ordering::SeqCst) {
             self.release(slots);
             return Err(smc_verbs::VerbsError::InvalidState(self.qp.state()));
         }
@@ -468,6 +510,9 @@ impl LinkRes {
             return;
         }
         let ok = wc.status == WcStatus::Success;
+        if !ok {
+            self.failed.store(true, Ordering::SeqCst);
+        }
         // Slots come back with the signalled WR that ends a batch: an LLC SEND (1) or a
         // CDC (its WRITEs + 1). A failed unsignalled WRITE still completes (IBA), but the
         // CDC behind it is flushed and gives the slots back.
@@ -511,6 +556,7 @@ impl LinkRes {
     fn on_recv(self: &Arc<Self>, stack: &Arc<Inner>, wc: &WorkCompletion) {
         let slot = (wc.wr_id & 0xFFFF_FFFF) as u32;
         if wc.status != WcStatus::Success {
+            self.failed.store(true, Ordering::SeqCst);
             // `destroy` marks the link dead before it moves the QP to ERR, so a flushed
             // receive on a live link means the QP went to ERR beneath us: after an error
             // of its own (whose completion comes too), or moved there by the provider on a
@@ -606,7 +652,12 @@ mod tests {
         let conns = cli.inner.lock_core().conns();
         assert_eq!(conns.len(), 1);
         let conn = conns[0].clone();
-        let link = conn.rdma().expect("an SMC-R connection").link.clone();
+        let link = conn
+            .lock()
+            .rdma()
+            .expect("an SMC-R connection")
+            .link
+            .clone();
         // Every send slot taken (as by work the peer never acknowledges), then data to
         // send: the connection registers as a waiter.
         let mut waiting = false;

@@ -14,9 +14,11 @@ pub(crate) mod conn;
 mod core;
 mod host;
 pub(crate) mod link;
+mod netmon;
 mod routes;
 pub(crate) mod shm;
 mod sys;
+mod timers;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -70,6 +72,11 @@ pub struct StackConfig {
     pub keepalive: Option<Duration>,
     /// LLC reply timeout (Linux 2 s).
     pub llc_reply_timeout: Duration,
+    /// A server link group that lost a link (or failed to add one) tries to add it again
+    /// after this long (RFC 7609 C.8; 60 s; `SMC_RS_ADD_LINK_RETRY_MS`).
+    pub add_link_retry: Duration,
+    /// Which destinations try SMC-R (SMC_RS_ALLOW / SMC_RS_DENY, [`crate::policy`]).
+    pub policy: crate::policy::SmcPolicy,
     /// Peers for which CLC is tried without the TCP option (outside RFC 7609; off by
     /// default; `SMC_RS_SKIP_TCP_OPTION`).
     pub skip_tcp_option: SkipOptionPolicy,
@@ -80,6 +87,12 @@ pub struct StackConfig {
     /// Client sockets bind to this address before connecting (tests: 127.0.0.1 vs
     /// 127.0.0.2 in one process).
     pub local_addr: Option<IpAddr>,
+    /// Local addresses whose RDMA devices may carry the links of every link group
+    /// (`SMC_RS_DEVICES=IP[,IP...]`): with two here on both sides, link groups get a
+    /// second, symmetric link after first contact (RFC 7609 §2.2, §3.5.1.6). Empty (the
+    /// default): a link group uses the device of its TCP connection's local address only
+    /// (and accepts a peer's asymmetric second link on it).
+    pub devices: Vec<IpAddr>,
     /// Free RMBs (and send buffers) kept per link group for reuse; beyond that an RMB
     /// freed by a connection is deleted (DELETE RKEY) and unregistered.
     pub rmb_cache: usize,
@@ -123,8 +136,22 @@ impl fmt::Debug for StackConfig {
             .field("clc_timeout", &self.clc_timeout)
             .field("keepalive", &self.keepalive)
             .field("local_addr", &self.local_addr)
+            .field("devices", &self.devices)
             .finish()
     }
+}
+
+/// `SMC_RS_DEVICES`: addresses separated by commas (blanks allowed); the first entry
+/// that is not an address is the error.
+fn parse_devices(v: &str) -> Result<Vec<IpAddr>, String> {
+    let mut out = Vec::new();
+    for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let ip: IpAddr = part.parse().map_err(|_| part.to_string())?;
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 /// Default busy-poll time of blocking calls.
@@ -145,9 +172,12 @@ impl StackConfig {
             clc_timeout: Duration::from_secs(6),
             keepalive: Some(Duration::from_secs(30)),
             llc_reply_timeout: Duration::from_secs(2),
+            add_link_retry: Duration::from_secs(60),
             skip_tcp_option: SkipOptionPolicy::disabled(),
+            policy: crate::policy::SmcPolicy::default(),
             tcp_option: None,
             local_addr: None,
+            devices: Vec::new(),
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
             rnic_drive: Duration::from_millis(1),
@@ -167,7 +197,8 @@ impl StackConfig {
     /// `SMC_RS_PROVIDER` selects; `smc_bpf::install_default` the eBPF option), UEIDs from `SMC_RS_UEID` /
     /// `/etc/smc-rs/ueid`, the override list from `SMC_RS_SKIP_TCP_OPTION`, buffer
     /// sizes from `SMC_RS_RMB_SIZE` / `SMC_RS_SNDBUF_SIZE` (bytes), the client source
-    /// address from `SMC_RS_LOCAL_ADDR`, timers from `SMC_RS_LGR_IDLE_MS`,
+    /// address from `SMC_RS_LOCAL_ADDR`, the link devices from `SMC_RS_DEVICES`
+    /// (comma-separated addresses), `SMC_RS_ADD_LINK_RETRY_MS`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off), the same-host path from
     /// `SMC_RS_SAME_HOST`, `SMC_RS_SAME_HOST_DIR` and `SMC_RS_SAME_HOST_SPIN_US`. Bad
@@ -182,6 +213,12 @@ impl StackConfig {
         match SkipOptionPolicy::from_env() {
             Ok(p) => c.skip_tcp_option = p,
             Err(e) => warn!(error = %e, "SMC_RS_SKIP_TCP_OPTION ignored"),
+        }
+        match crate::policy::SmcPolicy::from_env() {
+            Ok(p) => c.policy = p,
+            Err(e) => {
+                warn!(error = %e, "SMC_RS_ALLOW / SMC_RS_DENY ignored: every destination tries SMC-R")
+            }
         }
         let size = |name: &str| -> Option<usize> {
             let v = std::env::var(name).ok()?;
@@ -218,6 +255,9 @@ impl StackConfig {
         if let Some(d) = millis("SMC_RS_CLOSE_TIMEOUT_MS") {
             c.conn.close_timeout = d;
         }
+        if let Some(d) = millis("SMC_RS_ADD_LINK_RETRY_MS") {
+            c.add_link_retry = d;
+        }
         if let Some(d) = millis("SMC_RS_KEEPALIVE_MS") {
             // 0 disables TEST LINK keepalive.
             c.keepalive = (!d.is_zero()).then_some(d);
@@ -242,6 +282,14 @@ impl StackConfig {
                 Err(_) => warn!(value = %v, "SMC_RS_LOCAL_ADDR is not an IP address; ignored"),
             }
         }
+        if let Ok(v) = std::env::var("SMC_RS_DEVICES") {
+            match parse_devices(&v) {
+                Ok(d) => c.devices = d,
+                Err(bad) => {
+                    warn!(value = %v, bad, "SMC_RS_DEVICES: not an IP address list; ignored")
+                }
+            }
+        }
         c
     }
 
@@ -254,6 +302,9 @@ impl StackConfig {
             lgr_idle_timeout: self.lgr_idle_timeout,
             keepalive: self.keepalive,
             llc_reply_timeout: self.llc_reply_timeout,
+            add_link_retry: self.add_link_retry,
+            // A lost link's connections move to another link (`Core::fail_over`).
+            failover: true,
         }
     }
 
@@ -303,6 +354,8 @@ pub struct LinkListing {
     pub peer_qpn: Option<u32>,
     /// Our device.
     pub device: String,
+    /// Our GID (the device's port GID; RoCEv2: the IPv4-mapped or IPv6 address).
+    pub gid: String,
     /// Peer GID.
     pub peer_gid: Option<String>,
 }
@@ -347,6 +400,20 @@ pub struct ConnInfo {
     pub bytes_sent: u64,
     /// Payload bytes received.
     pub bytes_received: u64,
+    /// Times the connection moved to another link (RFC 7609 §4.6).
+    pub failovers: u32,
+    /// The wire number of the link its data goes on (`None`: rendezvous).
+    pub link: Option<u8>,
+}
+
+/// How many RMBs and send buffers of each size a stack holds (like the buffer-size
+/// lines of Linux `smcr stats`): size in bytes → count.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BufferSizes {
+    /// RMBs registered (in use or cached).
+    pub rmbs: std::collections::BTreeMap<usize, usize>,
+    /// Send buffers (in use or pooled).
+    pub sndbufs: std::collections::BTreeMap<usize, usize>,
 }
 
 /// Counters and gauges of a stack.
@@ -386,6 +453,12 @@ pub struct Stats {
     pub lgrs_ended: u64,
     /// TEST LINK-driven or other link failures.
     pub links_failed: u64,
+    /// Connections moved to another link of their link group because theirs went down
+    /// (RFC 7609 §4.6), ever.
+    pub failovers: u64,
+    /// Times a device's interface went down or lost the device's address, failing the
+    /// device's links at once (rtnetlink), ever.
+    pub paths_down: u64,
     /// LLC messages received (all link groups, ever; TEST LINK included).
     pub llc_received: u64,
     /// LLC messages sent.
@@ -404,6 +477,8 @@ pub struct Stats {
 #[derive(Default)]
 pub(crate) struct Counters {
     pub llc_sent: AtomicU64,
+    /// Device addresses found unusable (interface down or address removed).
+    pub paths_down: AtomicU64,
     /// LLC messages dropped on arrival (a link's inbox was full).
     pub llc_dropped: AtomicU64,
 }
@@ -427,10 +502,10 @@ pub(crate) enum Inbox {
         link: llc::LinkId,
     },
     ResetTcp(u32),
-    /// A connection reached CLOSED (it may be released).
-    ConnClosed,
-    /// The application dropped its last handle.
-    Released,
+    /// A connection (its alert token) reached CLOSED (it may be released).
+    ConnClosed(u32),
+    /// The application dropped its last handle on a connection.
+    Released(u32),
 }
 
 /// What a rendezvous hands to the API.
@@ -470,6 +545,10 @@ pub(crate) fn discard(e: Established) {
         st.conn.close(Instant::now());
         st.released = true;
         c.drive(&mut st, Instant::now());
+        drop(st);
+        if let Some(s) = c.stack.upgrade() {
+            s.post(Inbox::Released(c.token));
+        }
     }
 }
 
@@ -520,7 +599,12 @@ pub(crate) struct Inner {
     core: Mutex<Core>,
     pub(crate) tokens: RwLock<TokenTable<Arc<ConnShared>>>,
     inbox: Mutex<Vec<Inbox>>,
+    /// The connections' deadlines (`timers.rs`).
+    pub(crate) timers: timers::TimerQueue,
     efd: EventFd,
+    /// Interface and address notifications (`None`: no rtnetlink socket; links then fail
+    /// only by QP errors and TEST LINK).
+    netmon: Option<netmon::NetMon>,
     stop: AtomicBool,
     pub counters: Counters,
 }
@@ -637,7 +721,7 @@ impl fmt::Debug for Stack {
 impl Stack {
     /// The process-wide stack ([`StackConfig::from_env`]), started on first use.
     pub fn global() -> &'static Stack {
-        GLOBAL.get_or_init(|| {
+        let s = GLOBAL.get_or_init(|| {
             let s = match Stack::new(StackConfig::from_env()) {
                 Ok(s) => s,
                 // Creating an eventfd and a thread only fails when the process is out of
@@ -651,7 +735,11 @@ impl Stack {
                 debug!("atexit registration failed; peers notice our exit by TEST LINK");
             }
             s
-        })
+        });
+        // Its sockets are listed by `smc ss` (crate::observe).
+        static PUBLISH: std::sync::Once = std::sync::Once::new();
+        PUBLISH.call_once(|| crate::observe::publish(s));
+        s
     }
 
     /// A new stack with its own Peer ID and event thread.
@@ -674,14 +762,24 @@ impl Stack {
                     config.rmb_size,
                 ))
             }),
-            core: Mutex::new(Core::new(ep_cfg)),
+            core: Mutex::new(Core::new(ep_cfg)?),
             tokens: RwLock::new(TokenTable::default()),
             inbox: Mutex::new(Vec::new()),
+            timers: Default::default(),
             efd: EventFd::new()?,
+            netmon: netmon::NetMon::open()
+                .map_err(|e| {
+                    warn!(error = %e, "no rtnetlink socket: interface and address losses are \
+                        noticed only when a link's QP gives up or TEST LINK goes unanswered");
+                })
+                .ok(),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
             cfg: config,
         });
+        if !inner.cfg.devices.is_empty() {
+            inner.lock_core().add_link_devices(&inner);
+        }
         let thread_inner = inner.clone();
         let thread = std::thread::Builder::new()
             .name("smc-event".into())
@@ -707,6 +805,16 @@ impl Stack {
         self.inner.lock_core().conn_infos()
     }
 
+    /// RMB and send buffer sizes ([`BufferSizes`]).
+    pub fn buffer_sizes(&self) -> BufferSizes {
+        self.inner.lock_core().buffer_sizes()
+    }
+
+    /// The local addresses of its listeners.
+    pub fn listener_addrs(&self) -> Vec<SocketAddr> {
+        self.inner.lock_core().listener_addrs()
+    }
+
     /// Counters and gauges, including open QPs, RMB elements in use and fds.
     pub fn stats(&self) -> Stats {
         let mut s = self.inner.lock_core().stats();
@@ -714,8 +822,17 @@ impl Stack {
         s.alert_tokens = self.inner.tokens.read().map(|t| t.len()).unwrap_or(0);
         s.fds = sys::count_fds();
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
+        s.paths_down = c.paths_down.load(Ordering::Relaxed);
         s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
         s
+    }
+
+    /// Fault injection (tests, drills): moves our QP of link `num` of link group `lgr` to
+    /// the error state, as a failed path or RNIC port would. Its outstanding work is
+    /// flushed, the link goes down, and its connections move to another link of the
+    /// group (RFC 7609 §4.6) or end when none is left. Returns whether the link exists.
+    pub fn inject_link_failure(&self, lgr: LinkGroupId, num: u8) -> bool {
+        self.inner.lock_core().inject_link_failure(lgr, num)
     }
 
     /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.
@@ -741,3 +858,21 @@ impl Drop for Stack {
 }
 
 pub(crate) use self::core::{register_client, register_listener};
+pub(crate) use self::sys::bind_no_port;
+
+#[cfg(test)]
+mod tests {
+    use super::parse_devices;
+
+    #[test]
+    fn smc_rs_devices_parses_an_address_list() {
+        let ips = parse_devices(" 10.0.0.1, 10.0.1.1,,fd00::1 ,10.0.0.1").unwrap();
+        let want: Vec<std::net::IpAddr> = ["10.0.0.1", "10.0.1.1", "fd00::1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(ips, want);
+        assert!(parse_devices("").unwrap().is_empty());
+        assert_eq!(parse_devices("10.0.0.1,eth0").unwrap_err(), "eth0");
+    }
+}

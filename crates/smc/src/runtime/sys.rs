@@ -84,6 +84,46 @@ pub(crate) fn reset_tcp(tcp: TcpStream) {
     drop(sock);
 }
 
+/// Binds a client socket to `ip` and lets `connect()` choose the port
+/// (IP_BIND_ADDRESS_NO_PORT, ip(7)): a `bind()` to port 0 picks the port alone, and
+/// with thousands of sockets on the address the kernel's search for one without a
+/// conflict costs time linear in their number (issue 15: 10,000 connections from one
+/// address took 40 s, most of it in `inet_csk_get_port`); `connect()` needs only the
+/// four-tuple to be unique.
+pub(crate) fn bind_no_port(sock: &socket2::Socket, ip: IpAddr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "IP_BIND_ADDRESS_NO_PORT");
+    }
+    sock.bind(&std::net::SocketAddr::new(ip, 0).into())
+}
+
+/// A duplicate of `tcp` numbered at or above its own descriptor (`F_DUPFD_CLOEXEC`
+/// from that number) rather than at the lowest free one: a caller that put its socket
+/// out of the application's way (the `smc run` library places its descriptors above
+/// the program's, whose tables expect one low descriptor per TCP connection) keeps it
+/// there. No free number up there (the descriptor limit): the lowest free one.
+pub(crate) fn clone_in_place(tcp: &TcpStream) -> std::io::Result<TcpStream> {
+    use std::os::fd::AsFd;
+    let fd = tcp.as_fd();
+    let from = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    match rustix::io::fcntl_dupfd_cloexec(fd, from) {
+        Ok(d) => Ok(TcpStream::from(d)),
+        Err(_) => tcp.try_clone(),
+    }
+}
+
 /// Open file descriptors of this process (for leak accounting in [`super::Stats`]).
 pub(crate) fn count_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")

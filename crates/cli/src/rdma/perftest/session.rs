@@ -538,6 +538,17 @@ pub(super) fn server(
             }
             let r = BwReport::from_blocks(&blocks);
             comm.dest(&me, "block G (closing)")?;
+            if a.verb == Verb::Write {
+                // On iWARP a WRITE completes at the client once it is in the TCP stream,
+                // not when it is placed here (RDMAP, RFC 5040), and the client's "finished"
+                // comes over the other connection: it can overtake WRITEs our RNIC has
+                // still to place. The client's disconnect follows its last WRITE in the
+                // data stream, so once our QP has seen it every WRITE is in our buffer.
+                let deadline = progress(timeout);
+                while data.qp.state() != QpState::Err && Instant::now() < deadline {
+                    data.scq.wait(Some(Duration::from_millis(50)))?;
+                }
+            }
             let mut img = vec![0u8; buf_len];
             data.buf.read(0, &mut img);
             if a.verb == Verb::Write {

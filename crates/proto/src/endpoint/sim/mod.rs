@@ -147,6 +147,8 @@ pub fn config() -> EndpointConfig {
         lgr_idle_timeout: Duration::from_secs(600),
         keepalive: Some(Duration::from_secs(30)),
         llc_reply_timeout: Duration::from_secs(2),
+        add_link_retry: Duration::from_secs(60),
+        failover: true,
     }
 }
 
@@ -175,10 +177,24 @@ impl World {
 
     /// Adds a node with one device at `10.0.0.<n+1>`.
     pub fn add_node(&mut self, cfg: EndpointConfig, conn: ConnConfig) -> NodeId {
+        self.add_node_with_devices(cfg, conn, 1)
+    }
+
+    /// Adds a node with `devices` RDMA devices, at `10.0.<d>.<n+1>` (d = 0, 1, ...); with
+    /// more than one, each may carry links ([`Endpoint::add_link_device`]).
+    ///
+    /// [`Endpoint::add_link_device`]: crate::endpoint::Endpoint::add_link_device
+    pub fn add_node_with_devices(
+        &mut self,
+        cfg: EndpointConfig,
+        conn: ConnConfig,
+        devices: u8,
+    ) -> NodeId {
         let id = self.nodes.len();
         let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, id as u8 + 1));
         let seed = self.rng.random();
-        self.nodes.push(Node::new(id, ip, cfg, conn, seed));
+        self.nodes
+            .push(Node::new(id, ip, cfg, conn, seed, devices.max(1)));
         id
     }
 
@@ -297,6 +313,22 @@ impl World {
             }
         }
         self.elapsed()
+    }
+
+    /// Runs for `d` of simulated time, timers included, even when every node is quiet
+    /// (to see what keepalive, retry and idle timers do).
+    pub fn run_for(&mut self, d: Duration) {
+        let end = self.now + d;
+        while let Some(Reverse((t, _, ev))) = self.queue.pop() {
+            if t > end {
+                self.queue.push(Reverse((t, 0, ev)));
+                break;
+            }
+            self.now = self.now.max(t);
+            self.steps += 1;
+            self.handle(ev);
+        }
+        self.now = self.now.max(end);
     }
 
     /// Nothing but far timers (keepalive, idle) is scheduled.

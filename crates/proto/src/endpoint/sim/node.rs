@@ -15,12 +15,15 @@ use crate::clc::{LgrId, V2Route};
 use crate::conn::{CdcRepr, Conn, ConnConfig, ConnError, Events, State};
 use crate::endpoint::tokens::{Route, TokenTable};
 use crate::endpoint::{
-    ConnAction, DeviceInfo, Endpoint, EndpointConfig, Host, HostError, Output, RendezvousOutcome,
-    TcpId,
+    ConnAction, DeviceInfo, Endpoint, EndpointConfig, FailoverTarget, Host, HostError, Output,
+    RendezvousOutcome, TcpId,
 };
 use crate::llc::{self, DeviceId, QpInfo, RToken, SendId};
 
 const WR_LLC: u64 = 1 << 63;
+/// A failover validation CDC (consumes no sequence number; its completion means nothing
+/// to the connection).
+const WR_VALIDATION: u64 = 1 << 62;
 
 /// What an application does on its connection.
 #[derive(Clone, Debug)]
@@ -98,6 +101,11 @@ struct SimConn {
     app: usize,
     closed_by_app: bool,
     tcp_fin_sent: bool,
+    /// CDCs posted and not completed, by QP.
+    outstanding: BTreeMap<u32, usize>,
+    /// Moving to another link: the old link's QP, whose CDCs must all complete first
+    /// (RFC 7609 §2.3); nothing is transmitted meanwhile.
+    failover_from: Option<u32>,
 }
 
 /// The host side of one node.
@@ -161,6 +169,7 @@ impl Node {
         cfg: EndpointConfig,
         conn: ConnConfig,
         seed: u64,
+        devices: u8,
     ) -> Node {
         let mut ep = Endpoint::new(cfg);
         let v4 = match ip {
@@ -179,7 +188,7 @@ impl Node {
             mac,
             mtu: MTU,
         });
-        Node {
+        let mut node = Node {
             id,
             ip,
             ep,
@@ -209,7 +218,24 @@ impl Node {
             tcp_conn: BTreeMap::new(),
             out: Outbox::default(),
             fins_in_rendezvous: 0,
+        };
+        if devices > 1 {
+            // More RNICs, on 10.0.<d>.0/24: every device may carry links (RFC 7609
+            // §2.2), so link groups get a second, symmetric link.
+            let now = Instant::now();
+            for d in 0..devices {
+                let mut g = gid.0;
+                g[14] = d;
+                let dev = DeviceInfo {
+                    id: DeviceId(u32::from(d)),
+                    gid: Gid(g),
+                    mac: Mac([0x02, d, 0, 0, 0, id as u8 + 1]),
+                    mtu: MTU,
+                };
+                node.ep.add_link_device(now, &mut node.hs, dev);
+            }
         }
+        node
     }
 
     pub(crate) fn add_app(&mut self, app: App) -> usize {
@@ -258,6 +284,28 @@ impl Node {
             .filter(|(_, q)| !q.dead)
             .map(|(n, _)| *n)
             .collect()
+    }
+
+    /// The QPs the connections' data goes on (their current links).
+    pub fn conn_qps(&self) -> Vec<u32> {
+        self.hs
+            .conns
+            .values()
+            .filter_map(|c| self.hs.by_link.get(&(c.lgr, c.link)).copied())
+            .collect()
+    }
+
+    /// Whether QP `qpn` belongs to a link the llc machine has active.
+    pub fn qp_active(&self, qpn: u32) -> bool {
+        self.hs.qps.get(&qpn).is_some_and(|q| {
+            !q.dead
+                && self.ep.link_groups().iter().any(|g| {
+                    g.id == q.lgr
+                        && g.links
+                            .iter()
+                            .any(|l| l.id == q.link && l.state == llc::LinkState::Active)
+                })
+        })
     }
 
     /// RMBs allocated.
@@ -448,16 +496,36 @@ impl Node {
         if wr_id & WR_LLC != 0 {
             self.ep
                 .handle_llc_sent(now, &mut self.hs, lgr, link, SendId(wr_id & !WR_LLC), ok);
+        } else if wr_id & WR_VALIDATION != 0 {
+            if !ok {
+                // The new link failed too: the endpoint moves the connection again.
+                self.ep.handle_link_error(now, &mut self.hs, lgr, link);
+            }
         } else {
             let token = (wr_id >> 16) as u32;
             let seq = wr_id as u16;
             if let Some(c) = self.hs.conns.get_mut(&token) {
+                if let Some(n) = c.outstanding.get_mut(&qpn) {
+                    *n = n.saturating_sub(1);
+                }
                 if ok {
                     c.conn.on_cdc_sent(seq);
                 } else {
                     c.conn.on_cdc_send_failed(seq);
-                    if c.conn.needs_failover() {
-                        c.conn.kill(crate::conn::AbortReason::LinkLost);
+                }
+                let drained = c.failover_from == Some(qpn)
+                    && c.outstanding.get(&qpn).copied().unwrap_or(0) == 0;
+                if drained {
+                    self.finish_failover(now, token);
+                }
+                if !ok {
+                    // The endpoint decides: failover to another link, or the end.
+                    self.ep.handle_link_error(now, &mut self.hs, lgr, link);
+                    self.settle(now);
+                    if let Some(c) = self.hs.conns.get_mut(&token) {
+                        if c.conn.needs_failover() && c.failover_from.is_none() {
+                            c.conn.kill(crate::conn::AbortReason::LinkLost);
+                        }
                     }
                 }
                 self.drive(now, token);
@@ -543,6 +611,7 @@ impl Node {
                     match action {
                         ConnAction::Kill(r) => c.conn.kill(r),
                         ConnAction::TcpReset => c.conn.on_tcp_reset(now),
+                        ConnAction::Failover(t) => return self.start_failover(now, token, t),
                     }
                     self.drive(now, token);
                 }
@@ -576,6 +645,8 @@ impl Node {
                         app,
                         closed_by_app: false,
                         tcp_fin_sent: false,
+                        outstanding: BTreeMap::new(),
+                        failover_from: None,
                     },
                 );
                 self.apps[app].res.smc = Some(true);
@@ -607,6 +678,49 @@ impl Node {
         }
     }
 
+    /// RFC 7609 §4.6: the connection leaves its link. Its CDCs still outstanding there
+    /// complete first (§2.3), then [`Node::finish_failover`].
+    fn start_failover(&mut self, now: Instant, token: u32, t: FailoverTarget) {
+        let Some(c) = self.hs.conns.get_mut(&token) else {
+            return;
+        };
+        let old = c
+            .failover_from
+            .or(self.hs.by_link.get(&(c.lgr, c.link)).copied());
+        c.link = t.link;
+        c.peer_rkey = t.peer_rkey;
+        c.peer_base = t.peer_base;
+        let busy = old.is_some_and(|q| c.outstanding.get(&q).copied().unwrap_or(0) > 0);
+        if busy {
+            c.failover_from = old;
+        } else {
+            self.finish_failover(now, token);
+        }
+        self.drive(now, token);
+    }
+
+    /// The old link is drained: the validation CDC goes first on the new link, then the
+    /// unconfirmed writes are replayed (the `Conn` machine's `prepare_failover`).
+    fn finish_failover(&mut self, now: Instant, token: u32) {
+        let Some(c) = self.hs.conns.get_mut(&token) else {
+            return;
+        };
+        c.failover_from = None;
+        let f = c.conn.prepare_failover();
+        match (f, self.hs.by_link.get(&(c.lgr, c.link))) {
+            (Some(f), Some(&qpn)) => self.out.posts.push(Post {
+                qpn,
+                wr: Wr::Send {
+                    wr_id: WR_VALIDATION | u64::from(token),
+                    bytes: f.to_bytes().to_vec(),
+                },
+            }),
+            (Some(_), None) => c.conn.kill(crate::conn::AbortReason::LinkLost),
+            (None, _) => {}
+        }
+        self.drive(now, token);
+    }
+
     fn on_cdc(&mut self, now: Instant, token: u32, msg: &CdcRepr) {
         let Some(c) = self.hs.conns.get_mut(&token) else {
             return;
@@ -624,7 +738,10 @@ impl Node {
             return;
         };
         let qpn = self.hs.by_link.get(&(c.lgr, c.link)).copied();
-        while let Some(t) = c.conn.poll_transmit(now) {
+        while c.failover_from.is_none() {
+            let Some(t) = c.conn.poll_transmit(now) else {
+                break;
+            };
             let Some(qpn) = qpn else {
                 c.conn.on_cdc_send_failed(t.cdc.seqno);
                 continue;
@@ -640,6 +757,7 @@ impl Node {
                     },
                 });
             }
+            *c.outstanding.entry(qpn).or_insert(0) += 1;
             self.out.posts.push(Post {
                 qpn,
                 wr: Wr::Send {
@@ -852,6 +970,11 @@ impl Node {
         if all_sent && !a.shut {
             a.shut = true;
             self.out.tcp.push((tcp, Vec::new(), true, false));
+            moved = true;
+        }
+        if t.rst && !a.res.reset {
+            // The peer reset the fallen-back connection: the application sees an error.
+            a.res.reset = true;
             moved = true;
         }
         if (t.fin || t.rst) && a.shut && !a.res.done {

@@ -23,7 +23,9 @@ fn seeds() -> Vec<u64> {
 /// Returns on how many seeds `f` said the race under test was reached.
 fn each_seed(name: &str, f: impl Fn(u64) -> bool + std::panic::RefUnwindSafe) -> usize {
     let mut reached = 0;
-    for seed in seeds() {
+    let seeds = seeds();
+    let n = seeds.len();
+    for seed in seeds {
         match std::panic::catch_unwind(|| f(seed)) {
             Ok(r) => reached += usize::from(r),
             Err(e) => {
@@ -38,6 +40,7 @@ fn each_seed(name: &str, f: impl Fn(u64) -> bool + std::panic::RefUnwindSafe) ->
             }
         }
     }
+    eprintln!("{name}: the race was reached with {reached} of {n} seeds");
     reached
 }
 
@@ -278,4 +281,402 @@ fn link_down_mid_transfer() {
         r[0].error.is_some()
     });
     assert_reached("link_down_mid_transfer", reached);
+}
+
+fn world2(seed: u64) -> (World, NodeId, NodeId) {
+    let mut w = World::new(seed);
+    let s = w.add_node_with_devices(config(), ConnConfig::default(), 2);
+    let c = w.add_node_with_devices(config(), ConnConfig::default(), 2);
+    (w, s, c)
+}
+
+/// Active links of a node's only link group.
+fn active_links(w: &World, node: NodeId) -> usize {
+    w.nodes[node]
+        .ep
+        .link_groups()
+        .iter()
+        .map(|g| {
+            g.links
+                .iter()
+                .filter(|l| l.state == llc::LinkState::Active)
+                .count()
+        })
+        .sum()
+}
+
+/// RFC 7609 §4.6: both nodes have two devices, so the link group gets a second link
+/// after first contact; one link fails in the middle of a 2 MB echo. The connection
+/// moves to the surviving link (validation CDC, unconfirmed writes replayed) and the
+/// echo is exact; the link group is down to one link, and the server adds the second
+/// one again after the C.8 retry time.
+#[test]
+fn failover_mid_transfer() {
+    let reached = each_seed("failover_mid_transfer", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let data = payload(seed, 2_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: data.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        assert_eq!(active_links(&w, c), 2, "two links on the client");
+        assert_eq!(active_links(&w, s), 2, "two links on the server");
+        let qpns = w.nodes[c].qpns();
+        assert_eq!(qpns.len(), 2, "two QPs");
+        let pick = w.delay((0, 1)).as_micros() as usize;
+        let at = w.delay((0, 2000));
+        w.fail_link_at(at, c, qpns[pick]);
+        w.run(Duration::from_secs(60));
+        check_clients(&w, c, &[data]);
+        check_clean(&w);
+        for n in [s, c] {
+            assert_eq!(w.nodes[n].ep.counters().links_failed, 1, "node {n}");
+            assert_eq!(active_links(&w, n), 1, "node {n}: one link left");
+        }
+        let moved = w.nodes[c].ep.counters().failovers + w.nodes[s].ep.counters().failovers;
+        // C.8: the server adds the lost link again.
+        w.run_for(Duration::from_secs(90));
+        for n in [s, c] {
+            assert_eq!(active_links(&w, n), 2, "node {n}: the link is back");
+        }
+        moved > 0
+    });
+    assert_reached("failover_mid_transfer", reached);
+}
+
+/// Both links of a two-link group fail one after the other during a 2 MB echo: the
+/// connection moves to the second link, then has nowhere to go and ends with
+/// `ConnectionAborted` (unless it had finished); the link group ends; nothing leaks.
+#[test]
+fn failover_then_last_link_fails() {
+    let reached = each_seed("failover_then_last_link_fails", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let data = payload(seed, 2_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data,
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        let qpns = w.nodes[c].qpns();
+        assert_eq!(qpns.len(), 2, "two links");
+        let a = w.delay((0, 1000));
+        let b = a + w.delay((0, 3000));
+        w.fail_link_at(a, c, qpns[0]);
+        w.fail_link_at(b, c, qpns[1]);
+        w.run(Duration::from_secs(60));
+        let r = w.nodes[c].results();
+        assert!(r[0].error.is_some() || r[0].done, "{:?}", r[0]);
+        if let Some(e) = r[0].error {
+            assert_eq!(e.io_kind(), std::io::ErrorKind::ConnectionAborted, "{e:?}");
+        }
+        check_clean(&w);
+        for n in [s, c] {
+            assert_eq!(
+                w.nodes[n].ep.link_groups().len(),
+                0,
+                "node {n}: link group ended"
+            );
+        }
+        r[0].error.is_some() && w.nodes[c].ep.counters().failovers > 0
+    });
+    assert_reached("failover_then_last_link_fails", reached);
+}
+
+/// A link fails while the server is still adding the second one on first contact (ADD
+/// LINK, its continuation or CONFIRM LINK on the new link in flight; RFC 7609 C.7.1):
+/// the connection either completes its echo exactly on the link that is left, or ends
+/// with an error; nothing hangs or leaks.
+#[test]
+fn link_fails_during_add_link() {
+    let reached = each_seed("link_fails_during_add_link", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let data = payload(seed, 300_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: data.clone(),
+                half_close_first: false,
+            },
+        );
+        // Step until the server has created the second link's QP but it is not active.
+        let mut during = false;
+        for i in 1..=400 {
+            w.run(Duration::from_micros(50 * i));
+            if w.nodes[s].qpns().len() == 2 && active_links(&w, s) < 2 {
+                during = true;
+                break;
+            }
+        }
+        let qpns = w.nodes[s].qpns();
+        let pick = w.delay((0, 1)).as_micros() as usize % qpns.len().max(1);
+        if let Some(&q) = qpns.get(pick) {
+            w.fail_link_at(Duration::ZERO, s, q);
+        }
+        w.run(Duration::from_secs(120));
+        let r = w.nodes[c].results();
+        assert!(
+            r[0].error.is_some() || r[0].done || r[0].reset,
+            "{:?}",
+            r[0]
+        );
+        if r[0].done && r[0].error.is_none() && !r[0].reset {
+            let first_diff = r[0].received.iter().zip(&data).position(|(a, b)| a != b);
+            assert!(
+                r[0].received == data,
+                "echo intact ({} of {} bytes, first difference at {first_diff:?})",
+                r[0].received.len(),
+                data.len(),
+            );
+        }
+        check_clean(&w);
+        during
+    });
+    assert_reached("link_fails_during_add_link", reached);
+}
+
+/// Some RMB of `node` is not yet confirmed on every link (its CONFIRM RKEY is in flight,
+/// RFC 7609 §3.5.5.1.3).
+fn rkey_outstanding(w: &World, node: NodeId) -> bool {
+    w.nodes[node].ep.lgrs.values().any(|g| {
+        g.llc
+            .as_ref()
+            .is_some_and(|l| l.local_rmbs().any(|r| !l.rmb_confirmed(r)))
+    })
+}
+
+/// The echo either completed exactly or ended in an error or reset; never a hang.
+fn check_echo_or_error(w: &World, node: NodeId, sent: &[Vec<u8>]) {
+    for (r, data) in w.nodes[node].results().iter().zip(sent) {
+        assert!(r.error.is_some() || r.done || r.reset, "{r:?}");
+        if r.done && r.error.is_none() && !r.reset {
+            assert!(
+                r.received == *data,
+                "echo intact ({} of {} bytes)",
+                r.received.len(),
+                data.len()
+            );
+        }
+    }
+}
+
+/// The server re-adds a lost link (C.8) while the surviving link fails too, on either
+/// node, a random moment later: the DELETE LINK for the survivor crosses the ADD LINK
+/// (or its CONFIRM LINK) for the new one (RFC 7609 §3.5.5.3 collisions). A connection
+/// opened meanwhile completes its echo exactly on whatever link is left, or ends with an
+/// error; the link group ends or keeps working; nothing hangs or leaks.
+#[test]
+fn add_link_crosses_delete_link() {
+    let reached = each_seed("add_link_crosses_delete_link", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let first = payload(seed, 50_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: first.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        let qpns = w.nodes[c].qpns();
+        assert_eq!(qpns.len(), 2, "two links");
+        // Lose one link; the server adds it again after add_link_retry (60 s).
+        w.fail_link_at(Duration::ZERO, c, qpns[0]);
+        w.run_for(Duration::from_secs(1));
+        assert_eq!(active_links(&w, s), 1);
+        // Step until the server has created the new link's QP, not yet active (the
+        // retry timer runs from the failure: fine steps from a little before it).
+        w.run_for(Duration::from_secs(58));
+        let mut during = false;
+        for _ in 0..200_000 {
+            w.run_for(Duration::from_micros(50));
+            if w.nodes[s].qpns().len() == 2 {
+                during = active_links(&w, s) < 2;
+                break;
+            }
+        }
+        if !during {
+            // The exchange finished within one step (or never began): not this race.
+            w.run_for(Duration::from_secs(300));
+            check_echo_or_error(&w, c, &[first]);
+            check_clean(&w);
+            return false;
+        }
+        // The survivor fails on one node, 0-300 µs into the ADD LINK exchange, while a
+        // new connection starts.
+        let survivor_node = if w.delay((0, 1)).is_zero() { s } else { c };
+        let survivors: Vec<u32> = {
+            let all = w.nodes[survivor_node].qpns();
+            let n = &w.nodes[survivor_node];
+            all.into_iter().filter(|q| n.qp_active(*q)).collect()
+        };
+        let at = w.delay((0, 300));
+        for q in survivors {
+            w.fail_link_at(at, survivor_node, q);
+        }
+        let second = payload(seed + 1, 80_000);
+        let start = w.delay((0, 300));
+        w.connect_at(
+            start,
+            c,
+            s,
+            App::Client {
+                data: second.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run_for(Duration::from_secs(300));
+        check_echo_or_error(&w, c, &[first, second]);
+        check_clean(&w);
+        for n in [s, c] {
+            assert!(active_links(&w, n) <= 2, "node {n}");
+        }
+        during
+    });
+    assert_reached("add_link_crosses_delete_link", reached);
+}
+
+/// A link fails while a CONFIRM RKEY for a new RMB is outstanding (a subsequent contact
+/// just created one on a two-link group; RFC 7609 §3.5.5.1.3, §4.6): the connections
+/// complete their echoes exactly on the link that is left (or end with an error), the
+/// RMB is usable or deleted, nothing leaks.
+#[test]
+fn link_fails_while_confirm_rkey_outstanding() {
+    let reached = each_seed("link_fails_while_confirm_rkey_outstanding", |seed| {
+        let (mut w, s, c) = world2(seed);
+        let first = payload(seed, 8_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: first.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        assert_eq!(active_links(&w, s), 2, "two links");
+        // The first echo still runs, so its RMB is in use and the second connection's
+        // is new (not one from the reuse cache).
+        assert!(!w.nodes[c].results()[0].done, "first echo still running");
+        // A second connection (subsequent contact: new RMBs on both sides, each with
+        // a CONFIRM RKEY), and a link failure at a random moment of its rendezvous.
+        let second = payload(seed + 7, 200_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: second.clone(),
+                half_close_first: false,
+            },
+        );
+        // Step to the moment a CONFIRM RKEY is in flight (on either node), or until the
+        // rendezvous is over; then one link fails on a random node.
+        let mut outstanding = false;
+        for _ in 0..2_000 {
+            w.run_for(Duration::from_micros(10));
+            if rkey_outstanding(&w, s) || rkey_outstanding(&w, c) {
+                outstanding = true;
+                // A random moment of the exchange: now or a little later.
+                let later = w.delay((0, 200));
+                w.run_for(later);
+                break;
+            }
+        }
+        let node = if w.delay((0, 1)).is_zero() { s } else { c };
+        let qpns = w.nodes[node].qpns();
+        let pick = w.delay((0, 1)).as_micros() as usize % qpns.len().max(1);
+        if let Some(&q) = qpns.get(pick) {
+            w.fail_link_at(Duration::ZERO, node, q);
+        }
+        w.run(Duration::from_secs(300));
+        check_echo_or_error(&w, c, &[first, second]);
+        check_clean(&w);
+        outstanding
+    });
+    assert_reached("link_fails_while_confirm_rkey_outstanding", reached);
+}
+
+/// Both nodes lose the same link at nearly the same moment (a path gone, seen by both
+/// ends: interface down on both sides of a cable), mid-transfer, twice: the first time
+/// on the connection's link, the second time (after the C.8 re-add) on the link it moved
+/// to. Their DELETE LINKs and validation CDCs cross. The echo is exact, nothing leaks.
+#[test]
+fn both_nodes_lose_the_link_twice() {
+    let reached = each_seed("both_nodes_lose_the_link_twice", |seed| {
+        // A quick C.8 re-add, so that the second cut comes mid-transfer too.
+        let mut w = World::new(seed);
+        let mut cfg = config();
+        cfg.add_link_retry = Duration::from_millis(20);
+        let s = w.add_node_with_devices(cfg.clone(), ConnConfig::default(), 2);
+        let c = w.add_node_with_devices(cfg, ConnConfig::default(), 2);
+        let data = payload(seed, 6_000_000);
+        w.connect_at(
+            Duration::ZERO,
+            c,
+            s,
+            App::Client {
+                data: data.clone(),
+                half_close_first: false,
+            },
+        );
+        w.run(Duration::from_millis(40));
+        assert_eq!(active_links(&w, c), 2, "two links");
+        let mut cuts = 0;
+        for round in 0..2 {
+            // The client's QP of the connection's link, and the server's at its other end.
+            let Some(cq) = w.nodes[c].conn_qps().first().copied() else {
+                break;
+            };
+            let Some(sq) = w.nodes[c].qp_peer(cq) else {
+                break;
+            };
+            let a = w.delay((0, 500));
+            let b = w.delay((0, 500));
+            w.fail_link_at(a, c, cq);
+            w.fail_link_at(b, s, sq);
+            cuts += 1;
+            if round == 0 {
+                // The cut happens, then the server adds the link again (C.8 retry).
+                w.run_for(Duration::from_millis(2));
+                for _ in 0..2000 {
+                    if active_links(&w, s) == 2 && active_links(&w, c) == 2 {
+                        break;
+                    }
+                    w.run_for(Duration::from_micros(200));
+                }
+                if active_links(&w, s) < 2 || active_links(&w, c) < 2 {
+                    break;
+                }
+            }
+        }
+        w.run(Duration::from_secs(600));
+        let r = w.nodes[c].results();
+        assert!(
+            r[0].done,
+            "echo did not finish: {} bytes back, {:?}",
+            r[0].received.len(),
+            r[0].error
+        );
+        assert!(r[0].error.is_none(), "{:?}", r[0].error);
+        assert!(r[0].received == data, "echo intact");
+        check_clean(&w);
+        cuts == 2 && w.nodes[c].ep.counters().failovers >= 2
+    });
+    assert_reached("both_nodes_lose_the_link_twice", reached);
 }

@@ -444,10 +444,10 @@ pub(crate) fn new_conn(
     inner: &Arc<super::Inner>,
     local: std::net::SocketAddr,
     peer: std::net::SocketAddr,
-    tcp: &std::net::TcpStream,
+    tcp: std::net::TcpStream,
     setup: ShmSetup,
 ) -> io::Result<Arc<super::conn::ConnShared>> {
-    use super::conn::{ConnShared, ConnState, Path as ConnPath};
+    use super::conn::{ConnShared, ConnState, Kind, Path as ConnPath};
     let cfg = &inner.cfg;
     let (token, peer_token, peer_len) = (
         setup.local_token,
@@ -470,23 +470,22 @@ pub(crate) fn new_conn(
     let conn = crate::conn::Conn::new(params, cfg.conn.clone())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let sndbuf = RdmaBuffer::new(cfg.sndbuf_size)?;
-    // The idle TCP connection carries the FIN and RST (a failed clone would close it
-    // under the peer, which would take that for our death).
-    let tcp = tcp.try_clone()?;
     let shared = Arc::new_cyclic(|me| ConnShared {
         token,
-        path: ConnPath::Shm(path),
+        kind: Kind::SameHost(path),
         rmb,
         sndbuf,
         local,
         peer,
         version: 2,
         first_contact: false,
-        state: Mutex::new(ConnState::new(conn, Some(tcp), Some(rings))),
-        cond: std::sync::Condvar::new(),
+        state: Mutex::new(ConnState::new(conn, ConnPath::Shm(rings), Some(tcp))),
+        rx_cond: std::sync::Condvar::new(),
+        tx_cond: std::sync::Condvar::new(),
         bytes_sent: Default::default(),
         bytes_received: Default::default(),
-        wake_seq: Default::default(),
+        rx_seq: Default::default(),
+        tx_seq: Default::default(),
         stack: Arc::downgrade(inner),
         self_ref: me.clone(),
     });
