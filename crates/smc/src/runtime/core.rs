@@ -398,22 +398,29 @@ impl Core {
         r: &RdvIo,
         setup: super::shm::ShmSetup,
     ) -> io::Result<Arc<ConnShared>> {
-        // The idle TCP connection carries the FIN and RST (a failed clone would close it
-        // under the peer, which would take that for our death).
-        let tcp = sys::clone_in_place(&r.tcp)?;
-        let shared = super::shm::new_conn(inner, r.local, r.peer, tcp, setup)?;
-        {
+        let token = setup.local_token;
+        let made = (|| -> io::Result<Arc<ConnShared>> {
+            // The idle TCP connection carries the FIN and RST (a failed clone would close
+            // it under the peer, which would take that for our death).
+            let tcp = sys::clone_in_place(&r.tcp)?;
+            let shared = super::shm::new_conn(inner, r.local, r.peer, tcp, setup)?;
             let st = shared.lock();
             if let Some(tcp) = &st.tcp {
                 // Watched like an SMC-R connection's (RFC 7609 §4.8: FIN and RST).
                 epoll::add(
                     &self.epoll,
                     tcp,
-                    epoll::EventData::new_u64(u64::from(shared.token)),
+                    epoll::EventData::new_u64(u64::from(token)),
                     epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
                 )?;
             }
-        }
+            drop(st);
+            Ok(shared)
+        })();
+        let shared = made.inspect_err(|_| {
+            // The connection never existed: its alert token goes back.
+            release_token(inner, token);
+        })?;
         self.host.conns.insert(shared.token, shared.clone());
         self.shm_conns.insert(shared.token, shared.clone());
         Ok(shared)
