@@ -248,14 +248,23 @@ impl LinkRes {
         }
     }
 
-    /// Stops the link: QP to ERR (outstanding work is flushed), handler removed.
-    pub(crate) fn destroy(&self) {
+    /// Stops the link: QP to ERR (outstanding work is flushed), what its completion
+    /// queue still holds processed, handler removed.
+    ///
+    /// RFC 7609 §2.3, §4.6: a CDC or LLC message that reached this link before it went
+    /// down was acknowledged to the peer by our RNIC, so the peer counts it delivered
+    /// and will not send it again on another link. Dropping it with the handler would
+    /// lose the peer's data (its CDC) or its consumer cursor update, and the connection
+    /// would wait forever (seen in `tests/system/smc-failover.sh` when a DELETE LINK
+    /// made us destroy a link whose queue still held the peer's last CDCs).
+    pub(crate) fn destroy(self: &Arc<Self>) {
         if self.dead.swap(true, Ordering::SeqCst) {
             return;
         }
         if let Err(e) = self.qp.modify_to_err() {
             debug!(error = %e, "QP to ERR failed");
         }
+        self.on_cq_event();
         self.cq.set_handler(None);
         self.wake_waiters();
     }
