@@ -251,11 +251,10 @@ impl LinkRes {
     /// Stops the link: QP to ERR (outstanding work is flushed), what its completion
     /// queue still holds processed, handler removed.
     ///
-    /// RFC 7609 §2.3, §4.6: a CDC or LLC message that reached this link before it went
-    /// down was acknowledged to the peer by our RNIC, so the peer counts it delivered
-    /// and will not send it again on another link. Dropping it with the handler would
-    /// lose the peer's data (its CDC) or its consumer cursor update, and the connection
-    /// would wait forever (seen in `tests/system/smc-failover.sh` when a DELETE LINK
+    /// RFC 7609 §2.3, §4.6: a CDC that reached this link before it went down was
+    /// acknowledged to the peer by our RNIC, so the peer counts it delivered and will not
+    /// send it again on another link. Dropping it with the handler would lose the peer's
+    /// data or its consumer cursor update, and the connection would wait forever (seen in `tests/system/smc-failover.sh` when a DELETE LINK
     /// made us destroy a link whose queue still held the peer's last CDCs).
     pub(crate) fn destroy(self: &Arc<Self>) {
         if self.dead.swap(true, Ordering::SeqCst) {
@@ -599,6 +598,10 @@ impl LinkRes {
                 } else {
                     trace!(len, "short CDC dropped");
                 }
+            } else if self.dead.load(Ordering::SeqCst) {
+                // Drained by `destroy`: only CDCs must still be taken (the peer counts them
+                // delivered); the link's LLC flows are over, as they were before the drain.
+                trace!(lgr = ?self.lgr, link = %self.id, "LLC message on a destroyed link dropped");
             } else if self.llc_queued.fetch_add(1, Ordering::AcqRel) >= MAX_LLC_QUEUED {
                 self.llc_queued.fetch_sub(1, Ordering::AcqRel);
                 stack.counters.llc_dropped.fetch_add(1, Ordering::Relaxed);
