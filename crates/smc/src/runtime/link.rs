@@ -289,28 +289,19 @@ impl LinkRes {
     /// Takes `n` send slots for a connection's transmit if they are free beyond the
     /// [`LLC_RESERVE`].
     pub(crate) fn try_reserve_data(&self, n: i64) -> bool {
-        let mut cur = self.send_free.load(Ordering::SeqCst);
-        loop {
-            if cur - n < LLC_RESERVE {
-                return false;
-            }
-            match self.send_free.compare_exchange_weak(
-                cur,
-                cur - n,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return true,
-                Err(v) => cur = v,
-            }
-        }
+        self.reserve_above(n, LLC_RESERVE)
     }
 
     /// Takes `n` send slots if they are free.
     pub(crate) fn try_reserve(&self, n: i64) -> bool {
+        self.reserve_above(n, 0)
+    }
+
+    /// Takes `n` send slots if at least `floor` stay free afterwards.
+    fn reserve_above(&self, n: i64, floor: i64) -> bool {
         let mut cur = self.send_free.load(Ordering::SeqCst);
         loop {
-            if cur < n {
+            if cur - n < floor {
                 return false;
             }
             match self.send_free.compare_exchange_weak(
