@@ -24,7 +24,6 @@ PEER=tests/system/clc-peer.py
 # Other loopback addresses when 127.0.0.1/.2 are busy (UDP 4791 taken by another stack).
 SIP=${SMC_TEST_SERVER_IP:-127.0.0.2}; CIP=${SMC_TEST_CLIENT_IP:-127.0.0.1}
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() {  # wait_port HOST PORT
   local i; for i in $(seq 100); do nc -z "$1" "$2" 2>/dev/null && return 0; sleep 0.05; done; return 1
 }

@@ -21,22 +21,9 @@ for t in python3 curl ss; do
   command -v "$t" >/dev/null || skip "missing $t (run scripts/setup.sh)"
 done
 ensure_bin
-LIB="$BIN/libsmc_preload.so"
-if [ ! -f "$LIB" ]; then
-  case $BIN in
-    */release) CARGO_TARGET_DIR=${BIN%/release} cargo build --release -q -p smc-preload \
-                 || { echo "FAIL: build smc-preload"; exit 1; } ;;
-    *) echo "FAIL: $LIB not found (set BIN)"; exit 1 ;;
-  esac
-fi
+ensure_preload
 SIP=${SMC_OBSERVE_SERVER_IP:-127.0.13.42}; CIP=${SMC_OBSERVE_CLIENT_IP:-127.0.13.41}
 export SMC_RS_SKIP_TCP_OPTION='127.0.0.0/8:*'
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_listen() {
-  local i; for i in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1
-}
-# json PY-EXPR: evaluates PY-EXPR with `d` = the JSON on stdin.
-json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 mkdir -p "$WORK/www"
 head -c $((40 << 20)) /dev/zero > "$WORK/www/f.bin"

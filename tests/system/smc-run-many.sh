@@ -25,23 +25,12 @@ for t in python3 curl sha256sum ss; do
 done
 [ "$(id -u)" = 0 ] || skip "needs root (CAP_BPF, CAP_SYS_ADMIN) to share the RoCEv2 port"
 ensure_bin
-LIB="$BIN/libsmc_preload.so"
-if [ ! -f "$LIB" ]; then
-  case $BIN in
-    */release) CARGO_TARGET_DIR=${BIN%/release} cargo build --release -q -p smc-preload \
-                 || { echo "FAIL: build smc-preload"; exit 1; } ;;
-    *) echo "FAIL: $LIB not found (set BIN)"; exit 1 ;;
-  esac
-fi
+ensure_preload
 SIP=${SMC_RUN_MANY_SERVER_IP:-127.0.13.12}; CIP=${SMC_RUN_MANY_CLIENT_IP:-127.0.13.11}
 export SMC_RS_SKIP_TCP_OPTION='127.0.0.0/8:*'
 STATS="$WORK/stats.log"
 export SMC_RS_STATS="$STATS"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_listen() {
-  local i; for i in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1
-}
 # lines PID EVENT MODE: how many EVENT lines (connect/accept) of PID have mode=MODE.
 lines() { grep -cE "^pid=$1 $2 .* mode=$3( |$)" "$STATS"; }
 server_pid_of() { sed -n "s/^pid=\([0-9]*\) listen local=.*:$1 mode=SMC$/\1/p" "$STATS" | head -n1; }

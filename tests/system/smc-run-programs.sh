@@ -29,14 +29,7 @@ for t in python3 curl sha256sum ss nginx wrk redis-server redis-benchmark iperf3
   command -v "$t" >/dev/null || skip "missing $t (run scripts/setup.sh)"
 done
 ensure_bin
-LIB="$BIN/libsmc_preload.so"
-if [ ! -f "$LIB" ]; then
-  case $BIN in
-    */release) CARGO_TARGET_DIR=${BIN%/release} cargo build --release -q -p smc-preload \
-                 || { echo "FAIL: build smc-preload"; exit 1; } ;;
-    *) echo "FAIL: $LIB not found (set BIN)"; exit 1 ;;
-  esac
-fi
+ensure_preload
 SIP=${SMC_RUN_PROGRAMS_SERVER_IP:-127.0.13.52}; CIP=${SMC_RUN_PROGRAMS_CLIENT_IP:-127.0.13.51}
 export SMC_RS_SKIP_TCP_OPTION='127.0.0.0/8:*'
 if [ "${CI:-}" = true ] && [ -z "${SMC_RUN_PROGRAMS_FULL:-}" ]; then
@@ -49,12 +42,6 @@ fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null
 [ "$(ulimit -n)" -ge 8192 ] || skip "redis-benchmark -c 1000 needs ulimit -n ≥ 8192 (have $(ulimit -n))" always
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_listen() {
-  local i; for i in $(seq 300); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1
-}
-# json PY-EXPR: evaluates PY-EXPR with `d` = the JSON on stdin.
-json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 # stat PID KEY: a counter of one process (`smc stats --pid`).
 stat() { "$SMC" stats --pid "$1" --json | json "d.get('$2', 0)"; }
 # snap PID: "smc_total fallbacks handshake_resets" of PID.

@@ -27,25 +27,14 @@ for t in python3 nc curl sha256sum ss; do
   command -v "$t" >/dev/null || skip "missing $t (run scripts/setup.sh)"
 done
 ensure_bin
-LIB="$BIN/libsmc_preload.so"
-if [ ! -f "$LIB" ]; then
-  case $BIN in
-    */release) CARGO_TARGET_DIR=${BIN%/release} cargo build --release -q -p smc-preload \
-                 || { echo "FAIL: build smc-preload"; exit 1; } ;;
-    *) echo "FAIL: $LIB not found (set BIN)"; exit 1 ;;
-  esac
-fi
+ensure_preload
 SIP=${SMC_RUN_SERVER_IP:-127.0.13.2}; CIP=${SMC_RUN_CLIENT_IP:-127.0.13.1}
 POLICY='127.0.0.0/8:*'
 STATS="$WORK/stats.log"
 export SMC_RS_STATS="$STATS"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # wait_listen PORT: a listening socket on PORT (no probe connection: it would be a
 # connection of its own to the server under test).
-wait_listen() {
-  local i; for i in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1
-}
 # smc_lines PID MODE: how many connect/accept lines of PID have mode=MODE.
 smc_lines() { grep -cE "^pid=$1 (connect|accept) .* mode=$2( |$)" "$STATS"; }
 server_pid_of() {  # the pid in the stats file that listened on PORT

@@ -13,6 +13,7 @@
 //! Nothing here judges them; the scripts in tests/system do (never on times).
 
 use crate::net::{Listener, Net, Stream, StreamOf};
+use crate::payload::{read_exact, write_all};
 use anyhow::{bail, Context, Result};
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr};
@@ -152,32 +153,6 @@ fn ping<S: Stream>(s: &S, b: u8) -> io::Result<()> {
     m[4] = b;
     write_all(s, &m)?;
     expect_byte(s, b)
-}
-
-fn write_all<S: Stream>(s: &S, mut buf: &[u8]) -> io::Result<()> {
-    while !buf.is_empty() {
-        match s.write(buf) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Reads exactly `buf.len()` bytes.
-fn read_exact<S: Stream>(s: &S, buf: &mut [u8]) -> io::Result<()> {
-    let mut n = 0;
-    while n < buf.len() {
-        match s.read(&mut buf[n..]) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 fn expect_byte<S: Stream>(s: &S, b: u8) -> io::Result<()> {

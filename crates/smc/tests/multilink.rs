@@ -357,3 +357,83 @@ fn asymmetric_failover_mid_transfer() {
     }
     assert!(cli.stats().failovers >= 2 && srv.stats().failovers >= 2);
 }
+
+/// Both stacks lose the connection's link at once, twice in a row: the second time
+/// shortly after the lost link was added again (what a path going down on both ends
+/// of a cable does, `tests/system/smc-failover.sh`). 128 MiB each way intact.
+#[test]
+fn both_sides_fail_over_twice_in_a_row() {
+    let (srv, cli) = two_device_pair_quick_retry();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    echo_server(l);
+    assert!(echo_once(&cli, addr, 3, 1 << 16).is_smc());
+    let two = || active_links(&srv).len() == 2 && active_links(&cli).len() == 2;
+    assert!(wait_until(Duration::from_secs(10), two), "two links");
+    let runs: u64 = std::env::var("SMC_ML_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for run in 0..runs {
+        let total = 128 << 20;
+        let l = listen(&srv);
+        let addr = l.local_addr().unwrap();
+        thread::scope(|sc| {
+            let server = sc.spawn(|| {
+                let (s, _) = l.accept().unwrap();
+                let s2 = s.try_clone().unwrap();
+                let w = thread::spawn(move || {
+                    let h = send_stream(&s2, 7 + run, total, 65536);
+                    s2.shutdown(std::net::Shutdown::Write).unwrap();
+                    h
+                });
+                let (n, h) = recv_stream(&s, usize::MAX);
+                (n, h, w.join().unwrap())
+            });
+            let c = smc::SmcStream::connect_with(&cli, addr).unwrap();
+            let me = c.local_addr().unwrap();
+            let c2 = c.try_clone().unwrap();
+            let w = thread::spawn(move || {
+                let h = send_stream(&c2, 9 + run, total, 65536);
+                c2.shutdown(std::net::Shutdown::Write).unwrap();
+                h
+            });
+            for round in 0..2 {
+                let mut num = None;
+                let ok = wait_until(Duration::from_secs(60), || {
+                    num = cli
+                        .connections()
+                        .iter()
+                        .find(|c| c.local == me && c.bytes_sent > (total / 8 * (round + 1)) as u64)
+                        .and_then(|c| c.link);
+                    num.is_some() && two()
+                });
+                if !ok {
+                    break;
+                }
+                let num = num.unwrap();
+                let lgr_c = cli.link_groups()[0].id;
+                let lgr_s = srv.link_groups()[0].id;
+                cli.inject_link_failure(lgr_c, num);
+                srv.inject_link_failure(lgr_s, num);
+            }
+            let (n, h) = recv_stream(&c, usize::MAX);
+            let sent = w.join().unwrap();
+            let (sn, sh, back) = server.join().unwrap();
+            assert_eq!(
+                (sn, sh),
+                (total, sent),
+                "run {run}: server received everything intact"
+            );
+            assert_eq!(
+                (n, h),
+                (total, back),
+                "run {run}: client received everything intact"
+            );
+        });
+        assert!(
+            wait_until(Duration::from_secs(20), two),
+            "run {run}: two links again"
+        );
+    }
+}

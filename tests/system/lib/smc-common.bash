@@ -118,3 +118,27 @@ wait_exit() {
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
   return 124
 }
+
+# ensure_preload: sets LIB to libsmc_preload.so beside the smc binary ($BIN), building it
+# when missing (scripts/test.sh builds it first).
+ensure_preload() {
+  LIB="$BIN/libsmc_preload.so"
+  if [ ! -f "$LIB" ]; then
+    case $BIN in
+      */release) CARGO_TARGET_DIR=${BIN%/release} cargo build --release -q -p smc-preload \
+                   || { echo "FAIL: build smc-preload"; exit 1; } ;;
+      *) echo "FAIL: $LIB not found (set BIN)"; exit 1 ;;
+    esac
+  fi
+}
+
+# free_port: a TCP port free on 127.0.0.1 right now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# wait_listen PORT: waits (up to 15 s) until something listens on PORT.
+wait_listen() {
+  local i; for i in $(seq 300); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1
+}
+
+# json PY-EXPR: evaluates PY-EXPR with `d` = the JSON on stdin.
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }

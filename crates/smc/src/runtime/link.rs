@@ -248,14 +248,22 @@ impl LinkRes {
         }
     }
 
-    /// Stops the link: QP to ERR (outstanding work is flushed), handler removed.
-    pub(crate) fn destroy(&self) {
+    /// Stops the link: QP to ERR (outstanding work is flushed), what its completion
+    /// queue still holds processed, handler removed.
+    ///
+    /// RFC 7609 §2.3, §4.6: a CDC that reached this link before it went down was
+    /// acknowledged to the peer by our RNIC, so the peer counts it delivered and will not
+    /// send it again on another link. Dropping it with the handler would lose the peer's
+    /// data or its consumer cursor update, and the connection would wait forever (seen in `tests/system/smc-failover.sh` when a DELETE LINK
+    /// made us destroy a link whose queue still held the peer's last CDCs).
+    pub(crate) fn destroy(self: &Arc<Self>) {
         if self.dead.swap(true, Ordering::SeqCst) {
             return;
         }
         if let Err(e) = self.qp.modify_to_err() {
             debug!(error = %e, "QP to ERR failed");
         }
+        self.on_cq_event();
         self.cq.set_handler(None);
         self.wake_waiters();
     }
@@ -281,28 +289,19 @@ impl LinkRes {
     /// Takes `n` send slots for a connection's transmit if they are free beyond the
     /// [`LLC_RESERVE`].
     pub(crate) fn try_reserve_data(&self, n: i64) -> bool {
-        let mut cur = self.send_free.load(Ordering::SeqCst);
-        loop {
-            if cur - n < LLC_RESERVE {
-                return false;
-            }
-            match self.send_free.compare_exchange_weak(
-                cur,
-                cur - n,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return true,
-                Err(v) => cur = v,
-            }
-        }
+        self.reserve_above(n, LLC_RESERVE)
     }
 
     /// Takes `n` send slots if they are free.
     pub(crate) fn try_reserve(&self, n: i64) -> bool {
+        self.reserve_above(n, 0)
+    }
+
+    /// Takes `n` send slots if at least `floor` stay free afterwards.
+    fn reserve_above(&self, n: i64, floor: i64) -> bool {
         let mut cur = self.send_free.load(Ordering::SeqCst);
         loop {
-            if cur < n {
+            if cur - n < floor {
                 return false;
             }
             match self.send_free.compare_exchange_weak(
@@ -590,6 +589,10 @@ impl LinkRes {
                 } else {
                     trace!(len, "short CDC dropped");
                 }
+            } else if self.dead.load(Ordering::SeqCst) {
+                // Drained by `destroy`: only CDCs must still be taken (the peer counts them
+                // delivered); the link's LLC flows are over, as they were before the drain.
+                trace!(lgr = ?self.lgr, link = %self.id, "LLC message on a destroyed link dropped");
             } else if self.llc_queued.fetch_add(1, Ordering::AcqRel) >= MAX_LLC_QUEUED {
                 self.llc_queued.fetch_sub(1, Ordering::AcqRel);
                 stack.counters.llc_dropped.fetch_add(1, Ordering::Relaxed);
