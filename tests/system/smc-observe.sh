@@ -94,15 +94,21 @@ slow_curl_to() {  # slow_curl_to NAME PORT [ENV...]
 slow_curl_to deny "$PP" SMC_RS_DENY="$SIP:$PP"; D1=$!
 slow_curl_to allow-other "$PP" SMC_RS_ALLOW="10.0.0.0/8"; D2=$!
 slow_curl_to allow-it "$P" SMC_RS_ALLOW="$SIP/32:$P"; D3=$!
+# The policy file: its deny line keeps the connection TCP; SMC_RS_DENY set empty replaces it.
+printf '# test policy\ndeny %s:%s %s:%s  # both servers\n' "$SIP" "$PP" "$SIP" "$P" > "$WORK/policy"
+slow_curl_to file-deny "$PP" SMC_RS_POLICY_FILE="$WORK/policy"; D4=$!
+slow_curl_to file-overridden "$P" SMC_RS_POLICY_FILE="$WORK/policy" SMC_RS_DENY=; D5=$!
 sleep 1
 "$SMC" ss --json > "$WORK/ss2.json"; "$SMC" ss > "$WORK/ss2.txt"
 m() { json "[(s['mode'], s.get('policy', False)) for s in d if s['pid']==$1]" < "$WORK/ss2.json"; }
 if [ "$(m "$D1")" = "[('TCP', True)]" ] && [ "$(m "$D2")" = "[('TCP', True)]" ] \
    && [ "$(m "$D3")" = "[('SMCR', False)]" ] \
-   && grep -q "^$D1 .*TCP .*0x03010000 PEERNOSMC \[policy\]: .*SMC_RS_DENY" "$WORK/ss2.txt"; then
-  ok "policy: SMC_RS_DENY naming the server → TCP; SMC_RS_ALLOW not naming it → TCP; naming it → SMC-R; smc ss says policy:"
-  grep -E "^($D1|$D2) " "$WORK/ss2.txt" | sed 's/^/    /'
-else fail "policy ($(m "$D1") / $(m "$D2") / $(m "$D3"))"; show "$WORK/ss2.txt"; fi
+   && [ "$(m "$D4")" = "[('TCP', True)]" ] && [ "$(m "$D5")" = "[('SMCR', False)]" ] \
+   && grep -q "^$D1 .*TCP .*0x03010000 PEERNOSMC \[policy\]: .*SMC_RS_DENY" "$WORK/ss2.txt" \
+   && grep -q "^$D4 .*TCP .*\[policy\]: .*\`deny\` of $WORK/policy" "$WORK/ss2.txt"; then
+  ok "policy: SMC_RS_DENY naming the server → TCP; SMC_RS_ALLOW not naming it → TCP; naming it → SMC-R; a policy file's deny line → TCP, overridden by SMC_RS_DENY= → SMC-R; smc ss says policy:"
+  grep -E "^($D1|$D2|$D4) " "$WORK/ss2.txt" | sed 's/^/    /'
+else fail "policy ($(m "$D1") / $(m "$D2") / $(m "$D3") / $(m "$D4") / $(m "$D5"))"; show "$WORK/ss2.txt"; fi
 
 # --- SIGKILL: no stale entry -----------------------------------------------------------
 kill -KILL "$C1"; wait "$C1" 2>/dev/null

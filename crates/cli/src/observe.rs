@@ -377,7 +377,7 @@ pub fn stats(a: &StatsArgs) -> ExitCode {
 pub fn advice(code: u32, detail: Option<&str>) -> &'static str {
     use smc_wire::decline::DeclineCode as D;
     if detail.is_some_and(|d| d.starts_with("policy")) {
-        return "a policy kept it on TCP: see SMC_RS_ALLOW / SMC_RS_DENY (README, \"Policy\")";
+        return "a policy kept it on TCP: see /etc/smc-rs/policy (SMC_RS_POLICY_FILE), SMC_RS_ALLOW and SMC_RS_DENY (README, \"Policy\")";
     }
     match D(code) {
         D::PEERNOSMC => "the peer did not answer with the SMC-R TCP option: run the server under `smc run` (or an SMC-R stack), and install the eBPF option on both hosts (`smc bpf install`) or set SMC_RS_SKIP_TCP_OPTION for this destination on both",

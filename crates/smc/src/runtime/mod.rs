@@ -217,7 +217,7 @@ impl StackConfig {
         match crate::policy::SmcPolicy::from_env() {
             Ok(p) => c.policy = p,
             Err(e) => {
-                warn!(error = %e, "SMC_RS_ALLOW / SMC_RS_DENY ignored: every destination tries SMC-R")
+                warn!(error = %e, "connection policy (policy file, SMC_RS_ALLOW, SMC_RS_DENY) ignored: every destination tries SMC-R")
             }
         }
         let size = |name: &str| -> Option<usize> {
