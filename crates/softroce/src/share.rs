@@ -148,7 +148,7 @@ pub(crate) fn bind_device(local: IpAddr, port: u16) -> io::Result<(Socket, Optio
 
 /// Whether sharing is wanted ([`ENV_SHARE`]).
 pub(crate) fn wanted() -> bool {
-    std::env::var(ENV_SHARE).map_or(true, |v| v.trim() != "0")
+    smc_verbs::process::config_var(ENV_SHARE).is_none_or(|v| v.trim() != "0")
 }
 
 /// The name that identifies the group of (network namespace, address,
