@@ -154,7 +154,7 @@ rm -f "$WORK/got.bin" "$WORK/got2.bin"
 
 # shellcheck disable=SC2086 # a list of pids
 b=$(snap_all $NGW)
-SMC_RS_LOCAL_ADDR=$CIP timeout $((WRK_T + 60)) "$SMC" run wrk -t 2 -c 8 -d "${WRK_T}s" --timeout 60s \
+SMC_RS_LOCAL_ADDR=$CIP timeout $((WRK_T + 60)) "$SMC" run wrk -t 2 -c 4 -d "${WRK_T}s" --timeout 60s \
   "http://$SIP:$NP/big.bin" > "$WORK/wrk.out" 2>&1 &
 WPID=$!
 watch_ss "$WPID" "$WORK/wrk.ss" &
@@ -164,21 +164,21 @@ wait "$WW"
 reqs=$(sed -n 's/^ *\([0-9]*\) requests in .*/\1/p' "$WORK/wrk.out")
 read -r wsmc wtcp < "$WORK/wrk.ss" 2>/dev/null
 # Requests finished in the time (a loaded machine may finish few 100 MiB ones); that all
-# 8 connections were SMC-R is the workers' count below.
+# 4 connections were SMC-R is the workers' count below.
 if [ "$rc" = 0 ] && [ "${reqs:-0}" -ge 1 ] && ! grep -q "Socket errors\|Non-2xx" "$WORK/wrk.out" \
    && [ "${wsmc:-0}" -ge 1 ] && [ "${wtcp:-1}" = 0 ]; then
-  ok "smc run wrk -c 8 ← smc run nginx: $reqs × 100 MiB, no socket error, no non-2xx; smc ss saw $wsmc of wrk's sockets SMCR at once, none TCP"
-  perf "wrk -t 2 -c 8 -d ${WRK_T}s (100 MiB file)  SMC-R: $(sed -n 's/^Transfer\/sec: *//p' "$WORK/wrk.out")/s, $reqs requests"
+  ok "smc run wrk -c 4 ← smc run nginx: $reqs × 100 MiB, no socket error, no non-2xx; smc ss saw $wsmc of wrk's sockets SMCR at once, none TCP"
+  perf "wrk -t 2 -c 4 -d ${WRK_T}s (100 MiB file)  SMC-R: $(sed -n 's/^Transfer\/sec: *//p' "$WORK/wrk.out")/s, $reqs requests"
 else fail "wrk (exit $rc, $reqs requests, smc ss: ${wsmc:-?} SMCR / ${wtcp:-?} TCP)"; show "$WORK/wrk.out" "$WORK/ng/smc/error.log"; fi
-all_smc "wrk → nginx" "$NGW" "$b" 8
+all_smc "wrk → nginx" "$NGW" "$b" 4
 nginx_stop smc
 # The same over kernel TCP (reported).
 NP2=$(free_port)
 nginx -c "$(nginx_conf "$NP2" tcp)" -e "$WORK/ng/tcp/error.log" > /dev/null 2>&1
 if wait_listen "$NP2"; then
   PIDS+=("$(cat "$WORK/ng/tcp/nginx.pid")")
-  wrk -t 2 -c 8 -d "${WRK_T}s" --timeout 60s "http://$SIP:$NP2/big.bin" > "$WORK/wrk-tcp.out" 2>&1
-  perf "wrk -t 2 -c 8 -d ${WRK_T}s (100 MiB file)  TCP:   $(sed -n 's/^Transfer\/sec: *//p' "$WORK/wrk-tcp.out")/s, $(sed -n 's/^ *\([0-9]*\) requests in .*/\1/p' "$WORK/wrk-tcp.out") requests"
+  wrk -t 2 -c 4 -d "${WRK_T}s" --timeout 60s "http://$SIP:$NP2/big.bin" > "$WORK/wrk-tcp.out" 2>&1
+  perf "wrk -t 2 -c 4 -d ${WRK_T}s (100 MiB file)  TCP:   $(sed -n 's/^Transfer\/sec: *//p' "$WORK/wrk-tcp.out")/s, $(sed -n 's/^ *\([0-9]*\) requests in .*/\1/p' "$WORK/wrk-tcp.out") requests"
 fi
 nginx_stop tcp
 rm -f "$WORK/www/big.bin"

@@ -84,6 +84,8 @@ fn init() -> bool {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .try_init();
+        // The stack's own descriptors go above the program's, as ours do (real.rs).
+        smc_verbs::process::set_fd_floor(real::fd_floor());
         smc_providers::install_default();
         smc_bpf::install_default();
         // SAFETY: three plain `extern "C"` functions with no arguments.
@@ -166,7 +168,10 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("smc-preload")
-            .enable_all()
+            // I/O and timers; no signal driver (its socketpair would be three more
+            // descriptors, and the library handles no signals).
+            .enable_io()
+            .enable_time()
             .build()
             .unwrap_or_else(|e| panic!("cannot start the smc-preload runtime: {e}"))
     })

@@ -123,7 +123,7 @@ pub(crate) fn dup3_raw(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// connections) — so ours must not take the low numbers. Half the soft RLIMIT_NOFILE,
 /// at most 4096 (a higher floor would grow every process's descriptor table for
 /// nothing).
-fn fd_floor() -> c_int {
+pub(crate) fn fd_floor() -> c_int {
     static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
     *FLOOR.get_or_init(|| {
         let mut r = libc::rlimit {

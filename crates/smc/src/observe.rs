@@ -365,7 +365,7 @@ pub(crate) fn publish(stack: &'static Stack) {
     let l = match std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .and_then(|a| UnixListener::bind_addr(&a))
     {
-        Ok(l) => l,
+        Ok(l) => smc_verbs::process::lift(l),
         Err(e) => {
             tracing::warn!(%name, error = %e, "cannot publish SMC state: smc ss will not list this process");
             return;

@@ -319,7 +319,9 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
 fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     let fd = bpf(cmd, attr)? as RawFd;
     // SAFETY: bpf(2) returned a new file descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(smc_verbs::process::lift(unsafe {
+        OwnedFd::from_raw_fd(fd)
+    }))
 }
 
 /// The map called `name` of the host, if one exists (enumerated by id; needs

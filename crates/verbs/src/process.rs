@@ -58,6 +58,38 @@ pub fn config_var(name: &str) -> Option<String> {
     })
 }
 
+/// Where the stack's long-lived descriptors are numbered from (0: the lowest free
+/// number, the kernel's rule). See [`set_fd_floor`].
+static FD_FLOOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Numbers the stack's own long-lived descriptors (event and epoll fds, the RNIC's
+/// sockets, the runtime's copies of TCP sockets, the `smc ss` socket) from `floor`.
+/// An interposing library (smc-preload) sets it: an unmodified program sizes its tables
+/// by the descriptors it expects to open (wrk: 10 + 3 per connection), so the stack
+/// must not take the low numbers the program's own sockets would get.
+pub fn set_fd_floor(floor: i32) {
+    FD_FLOOR.store(floor, Ordering::Relaxed);
+}
+
+/// `fd` moved to a number from the [`set_fd_floor`] floor (close-on-exec), or `fd`
+/// itself when no floor is set, it already is above, or no number is free there.
+pub fn lift<T: From<std::os::fd::OwnedFd> + Into<std::os::fd::OwnedFd>>(fd: T) -> T {
+    use std::os::fd::AsRawFd;
+    let floor = FD_FLOOR.load(Ordering::Relaxed);
+    if floor <= 0 {
+        return fd;
+    }
+    let fd: std::os::fd::OwnedFd = fd.into();
+    if fd.as_raw_fd() >= floor {
+        return T::from(fd);
+    }
+    // The old number closes when `fd` drops.
+    match rustix::io::fcntl_dupfd_cloexec(&fd, floor) {
+        Ok(high) => T::from(high),
+        Err(_) => T::from(fd),
+    }
+}
+
 struct Slot<T> {
     generation: u64,
     value: T,
@@ -137,7 +169,23 @@ impl<T: Send + Sync + 'static> PerProcess<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn lift_moves_descriptors_above_the_floor() {
+        let low = std::fs::File::open("/dev/null").unwrap();
+        let n = low.as_raw_fd();
+        // No floor: unchanged.
+        let same = lift(std::os::fd::OwnedFd::from(low));
+        assert_eq!(same.as_raw_fd(), n);
+        set_fd_floor(600);
+        let high = lift(same);
+        set_fd_floor(0);
+        assert!(high.as_raw_fd() >= 600, "{}", high.as_raw_fd());
+        let flags = rustix::io::fcntl_getfd(&high).unwrap();
+        assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+    }
 
     #[test]
     fn one_instance_per_process_and_a_fresh_one_in_a_child() {
