@@ -29,7 +29,7 @@ pub mod sysfs;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use smc_verbs::{Device, Provider, Result, VerbsError};
 
@@ -81,9 +81,10 @@ impl IbVerbs {
         })
     }
 
-    /// The process-wide instance.
+    /// The process-wide instance (a forked child gets its own, [`smc_verbs::process`]).
     pub fn global() -> Arc<IbVerbs> {
-        static G: OnceLock<Arc<IbVerbs>> = OnceLock::new();
+        static G: smc_verbs::process::PerProcess<Arc<IbVerbs>> =
+            smc_verbs::process::PerProcess::new();
         G.get_or_init(IbVerbs::new).clone()
     }
 

@@ -31,7 +31,7 @@ impl Config {
     /// Reads `SMC_RS_IWARP_MAX_ULPDU`; malformed values are logged and ignored.
     pub fn from_env() -> Config {
         let mut c = Config::default();
-        if let Ok(v) = std::env::var(ENV_MAX_ULPDU) {
+        if let Some(v) = smc_verbs::process::config_var(ENV_MAX_ULPDU) {
             match v.trim().parse::<usize>() {
                 Ok(n) if (64..=65_532).contains(&n) => c.max_ulpdu = n,
                 _ => tracing::warn!(value = %v, "ignoring malformed {ENV_MAX_ULPDU}"),

@@ -26,7 +26,7 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 pub use config::{Config, ENV_MAX_ULPDU};
 pub use device::Stats;
@@ -46,9 +46,11 @@ impl Iwarp {
             devices: Mutex::new(HashMap::new()),
         })
     }
-    /// Process-wide instance configured from the environment.
+    /// Process-wide instance configured from the environment (a forked child gets its
+    /// own, [`smc_verbs::process`]).
     pub fn global() -> Arc<Iwarp> {
-        static G: OnceLock<Arc<Iwarp>> = OnceLock::new();
+        static G: smc_verbs::process::PerProcess<Arc<Iwarp>> =
+            smc_verbs::process::PerProcess::new();
         G.get_or_init(|| Iwarp::new(Config::from_env())).clone()
     }
     /// A provider for an SMC-R stack: devices in SMC-R link mode ([`smclink`]).

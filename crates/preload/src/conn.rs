@@ -197,8 +197,7 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
 fn connect_wait() -> Duration {
     static W: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *W.get_or_init(|| {
-        std::env::var("SMC_RS_PRELOAD_CONNECT_WAIT_MS")
-            .ok()
+        smc_verbs::process::config_var("SMC_RS_PRELOAD_CONNECT_WAIT_MS")
             .and_then(|v| v.parse().ok())
             .map(Duration::from_millis)
             .unwrap_or(Duration::from_secs(3))
@@ -229,8 +228,7 @@ fn wait_writable(fd: c_int, t: Duration) -> bool {
 /// `SMC_RS_LOCAL_ADDR`: the source address of client connections (as for the
 /// runtime's own connects), applied when the application did not bind.
 fn bind_local(fd: c_int, peer: &SocketAddr) {
-    let Some(ip) = std::env::var("SMC_RS_LOCAL_ADDR")
-        .ok()
+    let Some(ip) = smc_verbs::process::config_var("SMC_RS_LOCAL_ADDR")
         .and_then(|v| v.parse::<std::net::IpAddr>().ok())
     else {
         return;

@@ -82,7 +82,7 @@ pub unsafe extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     match table::lookup(fd) {
         // SAFETY: the caller's arguments.
-        Some(Entry::Listener(_)) => unsafe { listen::accept(fd, addr, len, 0) },
+        Some(Entry::Listener(l)) => unsafe { listen::accept(&l, fd, addr, len, 0) },
         Some(Entry::Stream(_)) => real::fail(libc::EINVAL),
         None => match real::accept() {
             // SAFETY: the caller's arguments.
@@ -104,12 +104,12 @@ pub unsafe extern "C" fn accept4(
     flags: c_int,
 ) -> c_int {
     match table::lookup(fd) {
-        Some(Entry::Listener(_)) => {
+        Some(Entry::Listener(l)) => {
             if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
                 return real::fail(libc::EINVAL);
             }
             // SAFETY: the caller's arguments.
-            unsafe { listen::accept(fd, addr, len, flags) }
+            unsafe { listen::accept(&l, fd, addr, len, flags) }
         }
         Some(Entry::Stream(_)) => real::fail(libc::EINVAL),
         None => match real::accept4() {
@@ -468,4 +468,199 @@ pub unsafe extern "C" fn sendmsg(
     }
     // SAFETY: the caller's arguments.
     unsafe { f(fd, msg, flags) }
+}
+
+// --- waiting on an inherited listener -----------------------------------------------
+//
+// A forked child's inherited SMC listener is served by its parent's accept task; when
+// the child waits on it, it watches that process and takes over if it goes (a server
+// that daemonizes). These calls only look at the table while such a listener exists
+// (`listen::UNWATCHED`), so they cost one atomic load otherwise.
+
+fn waiting_on(fd: c_int) {
+    if let Some(Entry::Listener(l)) = table::lookup(fd) {
+        listen::waited_on(&l);
+    }
+}
+
+fn any_unwatched() -> bool {
+    listen::UNWATCHED.load(std::sync::atomic::Ordering::Acquire) != 0
+}
+
+/// # Safety
+/// `fds` is null or valid for `n` entries.
+unsafe fn waiting_on_pollfds(fds: *const libc::pollfd, n: libc::nfds_t) {
+    if !any_unwatched() || fds.is_null() {
+        return;
+    }
+    // SAFETY: the caller's array of `n` pollfds.
+    for p in unsafe { std::slice::from_raw_parts(fds, n as usize) } {
+        if p.fd >= 0 && p.events & libc::POLLIN != 0 {
+            waiting_on(p.fd);
+        }
+    }
+}
+
+/// # Safety
+/// `set` is null or a valid fd_set for descriptors below `nfds`.
+unsafe fn waiting_on_fdset(nfds: c_int, set: *mut libc::fd_set) {
+    if !any_unwatched() || set.is_null() {
+        return;
+    }
+    for fd in 0..nfds.clamp(0, libc::FD_SETSIZE as c_int) {
+        // SAFETY: `set` is valid and `fd` below FD_SETSIZE.
+        if unsafe { libc::FD_ISSET(fd, set) } {
+            waiting_on(fd);
+        }
+    }
+}
+
+/// epoll_ctl(2).
+///
+/// # Safety
+/// As for epoll_ctl(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    event: *mut libc::epoll_event,
+) -> c_int {
+    let Some(f) = real::epoll_ctl() else {
+        return missing();
+    };
+    if any_unwatched() && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD) {
+        waiting_on(fd);
+    }
+    // SAFETY: the caller's arguments.
+    unsafe { f(epfd, op, fd, event) }
+}
+
+/// poll(2).
+///
+/// # Safety
+/// As for poll(2).
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    let Some(f) = real::poll() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments.
+    unsafe {
+        waiting_on_pollfds(fds, n);
+        f(fds, n, timeout)
+    }
+}
+
+/// `__poll_chk` (poll under _FORTIFY_SOURCE).
+///
+/// # Safety
+/// As for poll(2); `fdslen` is the size of the caller's array.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: c_int,
+    fdslen: libc::size_t,
+) -> c_int {
+    let Some(f) = real::__poll_chk() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments (libc checks `fdslen` against `n`).
+    unsafe {
+        if (n as usize) <= fdslen / std::mem::size_of::<libc::pollfd>() {
+            waiting_on_pollfds(fds, n);
+        }
+        f(fds, n, timeout, fdslen)
+    }
+}
+
+/// ppoll(2).
+///
+/// # Safety
+/// As for ppoll(2).
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let Some(f) = real::ppoll() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments.
+    unsafe {
+        waiting_on_pollfds(fds, n);
+        f(fds, n, timeout, sigmask)
+    }
+}
+
+/// `__ppoll_chk` (ppoll under _FORTIFY_SOURCE).
+///
+/// # Safety
+/// As for ppoll(2); `fdslen` is the size of the caller's array.
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut libc::pollfd,
+    n: libc::nfds_t,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+    fdslen: libc::size_t,
+) -> c_int {
+    let Some(f) = real::__ppoll_chk() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments (libc checks `fdslen` against `n`).
+    unsafe {
+        if (n as usize) <= fdslen / std::mem::size_of::<libc::pollfd>() {
+            waiting_on_pollfds(fds, n);
+        }
+        f(fds, n, timeout, sigmask, fdslen)
+    }
+}
+
+/// select(2).
+///
+/// # Safety
+/// As for select(2).
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    readfds: *mut libc::fd_set,
+    writefds: *mut libc::fd_set,
+    exceptfds: *mut libc::fd_set,
+    timeout: *mut libc::timeval,
+) -> c_int {
+    let Some(f) = real::select() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments.
+    unsafe {
+        waiting_on_fdset(nfds, readfds);
+        f(nfds, readfds, writefds, exceptfds, timeout)
+    }
+}
+
+/// pselect(2).
+///
+/// # Safety
+/// As for pselect(2).
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    readfds: *mut libc::fd_set,
+    writefds: *mut libc::fd_set,
+    exceptfds: *mut libc::fd_set,
+    timeout: *const libc::timespec,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let Some(f) = real::pselect() else {
+        return missing();
+    };
+    // SAFETY: the caller's arguments.
+    unsafe {
+        waiting_on_fdset(nfds, readfds);
+        f(nfds, readfds, writefds, exceptfds, timeout, sigmask)
+    }
 }

@@ -22,10 +22,14 @@
 //!   rendezvous arrives as a message carrying its descriptor ([`listen`]).
 //!
 //! Not interposed, so plain TCP (documented in the README): static binaries, io_uring
-//! and raw system calls for connect/listen/accept; connections made in a forked child
-//! of a process that already used SMC-R (its runtime's threads are not in the child).
-//! A child does keep working SMC-R descriptors and listeners it inherited: the
-//! parent's tasks serve them.
+//! and raw system calls for connect/listen/accept.
+//!
+//! `fork()`: the child starts its own runtime on first use (`smc_verbs::process`), so
+//! its own connections and listeners are SMC-R too. The SMC-R descriptors it inherited
+//! keep working through the parent's pumps; a listener it inherited keeps receiving
+//! the parent's connections, and once the child waits on it (accept, poll, select,
+//! epoll) the child watches the parent and starts its own accept task when the parent
+//! is gone — a server that daemonizes keeps its listeners ([`listen`]).
 
 // The unit tests build without the exported symbols (a test binary must not interpose
 // its own socket calls), which leaves their callees unused there.
@@ -61,10 +65,11 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> std::io::Result<T>) -> std::io::Res
     r.unwrap_or_else(|_| Err(std::io::Error::other("SMC-R runtime panicked")))
 }
 
-/// The pid that initialised the library; another pid is a forked child.
-static INIT: OnceLock<Option<u32>> = OnceLock::new();
+/// The library's one-time set-up ran (tracing, providers, fork handlers); `false` if
+/// the fork handlers could not be registered (then SMC is never tried).
+static INIT: OnceLock<bool> = OnceLock::new();
 
-fn init() -> Option<u32> {
+fn init() -> bool {
     *INIT.get_or_init(|| {
         // Warnings reach the program's stderr even without SMC_LOG: what takes SMC-R
         // away from the whole process (no RDMA device, a RoCEv2 port that cannot be
@@ -79,33 +84,31 @@ fn init() -> Option<u32> {
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .try_init();
+        // The stack's own descriptors go above the program's, as ours do (real.rs).
+        smc_verbs::process::set_fd_floor(real::fd_floor());
         smc_providers::install_default();
         smc_bpf::install_default();
         // SAFETY: three plain `extern "C"` functions with no arguments.
-        if unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) }
-            != 0
-        {
-            return None;
-        }
-        Some(std::process::id())
+        let r = unsafe {
+            libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child))
+        };
+        r == 0
     })
 }
 
-/// The stack, when this call should try SMC: not from the library's own work, not in a
-/// forked child of a process that started the runtime.
+/// The stack, when this call should try SMC: not from the library's own work. Each
+/// process has its own (a forked child starts one on first use: the parent's threads
+/// are not in it, `smc_verbs::process`).
 fn stack() -> Option<&'static Stack> {
-    if BUSY.with(|b| b.get()) {
-        return None;
-    }
-    let pid = init()?;
-    if pid != std::process::id() {
+    if BUSY.with(|b| b.get()) || !init() {
         return None;
     }
     let s = std::panic::catch_unwind(Stack::global).ok()?;
+    // Registered after Stack::global's own handler, so it runs first: the data is out
+    // before the stack says goodbye to its peers (DELETE LINK). Once per address space:
+    // a forked child inherits it.
     static EXIT: std::sync::Once = std::sync::Once::new();
     EXIT.call_once(|| {
-        // Registered after Stack::global's own handler, so it runs first: the data is
-        // out before the stack says goodbye to its peers (DELETE LINK).
         // SAFETY: a plain `extern "C"` function with no arguments.
         if unsafe { libc::atexit(drain_at_exit) } != 0 {
             tracing::debug!("atexit registration failed; data in flight at exit may be lost");
@@ -123,9 +126,11 @@ pub(crate) static LIVE_PUMPS: AtomicUsize = AtomicUsize::new(0);
 /// close), and waits until every connection has sent its data and its close flags
 /// (at most `SMC_RS_PRELOAD_EXIT_DRAIN_MS`, default 5000).
 extern "C" fn drain_at_exit() {
-    if init().is_none_or(|p| p != std::process::id()) {
+    // A process that never started a stack has no pumps (a forked child's inherited
+    // streams are pumped by its parent).
+    let Some(stack) = Stack::global_if_started() else {
         return;
-    }
+    };
     for fd in table::stream_fds() {
         let e = table::remove(fd);
         if let Some(f) = real::close() {
@@ -135,12 +140,10 @@ extern "C" fn drain_at_exit() {
         }
         drop(e);
     }
-    let limit = std::env::var("SMC_RS_PRELOAD_EXIT_DRAIN_MS")
-        .ok()
+    let limit = smc_verbs::process::config_var("SMC_RS_PRELOAD_EXIT_DRAIN_MS")
         .and_then(|v| v.parse().ok())
         .map_or(Duration::from_secs(5), Duration::from_millis);
     let t = Instant::now();
-    let stack = Stack::global();
     while t.elapsed() < limit {
         // Our final flags not sent yet (RFC 7609 §4.8.1: C/D follow the data).
         let busy = stack.connections().iter().any(|c| {
@@ -156,14 +159,19 @@ extern "C" fn drain_at_exit() {
     }
 }
 
-/// The tokio runtime of the pumps and accept loops (started on first use).
+/// The tokio runtime of the pumps and accept loops (started on first use; a forked
+/// child starts its own).
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    static RT: smc_verbs::process::PerProcess<tokio::runtime::Runtime> =
+        smc_verbs::process::PerProcess::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("smc-preload")
-            .enable_all()
+            // I/O and timers; no signal driver (its socketpair would be three more
+            // descriptors, and the library handles no signals).
+            .enable_io()
+            .enable_time()
             .build()
             .unwrap_or_else(|e| panic!("cannot start the smc-preload runtime: {e}"))
     })
@@ -182,6 +190,10 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     // SAFETY: as in fork_parent (the child has only this thread).
     unsafe { table::TABLE.force_unlock() }
+    // The parent's pumps are not here; the child counts its own.
+    LIVE_PUMPS.store(0, Ordering::Release);
+    listen::UNWATCHED.store(0, Ordering::Release);
+    table::forked();
 }
 
 /// A TCP socket of the internet families (the ones SMC serves).

@@ -16,9 +16,11 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use libc::{c_int, sockaddr, socklen_t};
+use parking_lot::Mutex;
 use smc::{SmcListener, Stack};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -30,28 +32,57 @@ use crate::{real, table};
 /// An SMC listener the application holds (table entry of its descriptor).
 pub(crate) struct ListenerEntry {
     pub local: SocketAddr,
-    /// Our descriptor of the listening TCP socket: socket options go there.
+    /// Our descriptor of the listening TCP socket: socket options go there, and the
+    /// accept task of a process runs on a duplicate of it.
     pub tcp: OwnedFd,
-    task: Option<tokio::task::AbortHandle>,
-    owner: u32,
+    state: Mutex<State>,
 }
+
+/// Who accepts in this process.
+enum State {
+    /// This process's accept task (started by `listen()`, or by a forked child taking
+    /// over). The raw numbers of the descriptors it owns: a forked child closes its
+    /// copy of the runtime's and reuses its copy of the feed.
+    Running {
+        task: tokio::task::AbortHandle,
+        feed: RawFd,
+        runtime_tcp: RawFd,
+    },
+    /// A forked child's view of a listener whose accept task runs in another process
+    /// (`owner`, a pidfd; `None`: gone). Connections keep arriving from there; when the
+    /// child waits on the listener (accept, poll, select, epoll) it watches the owner
+    /// and starts its own task on `feed` (the same socketpair) once the owner is gone —
+    /// a server that daemonizes (fork, parent exits) keeps accepting.
+    Inherited {
+        feed: OwnedFd,
+        owner: Option<OwnedFd>,
+        watching: bool,
+    },
+    /// No task (shut down, or it could not start: logged).
+    Idle,
+}
+
+/// Inherited listeners nobody in this process waited on yet: the interposed poll/select
+/// look for them only while this is non-zero.
+pub(crate) static UNWATCHED: AtomicUsize = AtomicUsize::new(0);
 
 impl Drop for ListenerEntry {
     fn drop(&mut self) {
-        let task = self.task.take();
-        if std::process::id() == self.owner {
-            // Stops accepting: the SmcListener is dropped with the task.
-            if let Some(t) = task {
-                let stack = Stack::global();
+        let state = std::mem::replace(self.state.get_mut(), State::Idle);
+        match state {
+            State::Running { task, .. } => {
+                // Stops accepting: the SmcListener is dropped with the task.
+                let stack = Stack::global_if_started();
                 let listed = || {
-                    stack
-                        .listener_addrs()
-                        .iter()
-                        .filter(|a| **a == self.local)
-                        .count()
+                    stack.map_or(0, |s| {
+                        s.listener_addrs()
+                            .iter()
+                            .filter(|a| **a == self.local)
+                            .count()
+                    })
                 };
                 let before = listed();
-                t.abort();
+                task.abort();
                 // close(2) of a TCP listener frees its port at once, and programs
                 // listen on it again right away (iperf3 -s between two tests): wait
                 // until the runtime has closed its descriptor of the socket (its event
@@ -64,9 +95,12 @@ impl Drop for ListenerEntry {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
             }
-        } else {
-            // A forked child: the runtime is the parent's.
-            std::mem::forget(task);
+            State::Inherited { watching, .. } => {
+                if !watching {
+                    UNWATCHED.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            State::Idle => {}
         }
     }
 }
@@ -74,7 +108,7 @@ impl Drop for ListenerEntry {
 /// The interposed `listen()` of a bound TCP socket: the runtime takes the listening
 /// socket and our socketpair end takes its number.
 pub(crate) fn listen(
-    stack: &Stack,
+    stack: &'static Stack,
     fd: c_int,
     backlog: c_int,
     real_listen: unsafe extern "C" fn(c_int, c_int) -> c_int,
@@ -114,13 +148,11 @@ fn dup_cloexec(fd: c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(d) })
 }
 
-fn adopt(stack: &Stack, fd: c_int) -> io::Result<SocketAddr> {
+fn adopt(stack: &'static Stack, fd: c_int) -> io::Result<SocketAddr> {
     let fl = real::fcntl_raw(fd, libc::F_GETFL, 0);
     let fdfl = real::fcntl_raw(fd, libc::F_GETFD, 0);
     let ours = dup_cloexec(fd)?;
-    let runtime_fd = dup_cloexec(fd)?;
-    let l = TcpListener::from(runtime_fd);
-    let local = l.local_addr()?;
+    let local = TcpListener::from(dup_cloexec(fd)?).local_addr()?;
     let mut pair = [-1 as c_int; 2];
     // SAFETY: `pair` has room for the two descriptors.
     if unsafe {
@@ -143,7 +175,13 @@ fn adopt(stack: &Stack, fd: c_int) -> io::Result<SocketAddr> {
         libc::F_SETFL,
         (ffl | libc::O_NONBLOCK) as libc::c_ulong,
     );
-    let smc_l = crate::guarded(|| SmcListener::from_listening_with(stack, l))?;
+    let entry = Arc::new(ListenerEntry {
+        local,
+        tcp: ours,
+        state: Mutex::new(State::Idle),
+    });
+    let running = start_task(&entry, stack, feed)?;
+    *entry.state.lock() = running;
     // The number the application knows becomes our socketpair end; the runtime and
     // `ours` keep the TCP socket.
     let cloexec = if fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0 {
@@ -158,6 +196,18 @@ fn adopt(stack: &Stack, fd: c_int) -> io::Result<SocketAddr> {
     if fl >= 0 {
         real::fcntl_raw(fd, libc::F_SETFL, (fl & libc::O_NONBLOCK) as libc::c_ulong);
     }
+    drop(table::insert(fd, table::Entry::Listener(entry)));
+    Ok(local)
+}
+
+/// Starts this process's accept task on the listener, feeding `feed`.
+fn start_task(entry: &ListenerEntry, stack: &'static Stack, feed: OwnedFd) -> io::Result<State> {
+    let runtime_fd = dup_cloexec(entry.tcp.as_raw_fd())?;
+    let runtime_tcp = runtime_fd.as_raw_fd();
+    let smc_l =
+        crate::guarded(|| SmcListener::from_listening_with(stack, TcpListener::from(runtime_fd)))?;
+    let local = entry.local;
+    let feed_raw = feed.as_raw_fd();
     let task = crate::runtime().spawn(async move {
         // SAFETY: an OwnedFd stays open, on the same file, and returns the same number
         // for as long as the AsyncFd owns it.
@@ -172,14 +222,141 @@ fn adopt(stack: &Stack, fd: c_int) -> io::Result<SocketAddr> {
         };
         accept_loop(smc::tokio::SmcListener::from_std(smc_l), feed, local).await;
     });
-    let entry = ListenerEntry {
-        local,
-        tcp: ours,
-        task: Some(task.abort_handle()),
-        owner: std::process::id(),
+    Ok(State::Running {
+        task: task.abort_handle(),
+        feed: feed_raw,
+        runtime_tcp,
+    })
+}
+
+/// The application waits on `entry` (accept, poll, select, epoll): in a forked child
+/// whose listener's accept task runs elsewhere, watch that process and take over when
+/// it is gone.
+pub(crate) fn waited_on(entry: &Arc<ListenerEntry>) {
+    let mut st = entry.state.lock();
+    let State::Inherited {
+        owner, watching, ..
+    } = &mut *st
+    else {
+        return;
     };
-    drop(table::insert(fd, table::Entry::Listener(Arc::new(entry))));
-    Ok(local)
+    if *watching {
+        return;
+    }
+    *watching = true;
+    UNWATCHED.fetch_sub(1, Ordering::AcqRel);
+    // The entry keeps its pidfd (a child forked later watches the same owner).
+    let pidfd = match owner.as_ref().map(|o| dup_cloexec(o.as_raw_fd())) {
+        None => None,
+        Some(Ok(d)) => Some(d),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "cannot watch the process accepting on an inherited listener");
+            return;
+        }
+    };
+    drop(st);
+    let Some(pidfd) = pidfd else {
+        take_over(entry);
+        return;
+    };
+    let weak = Arc::downgrade(entry);
+    crate::runtime().spawn(async move {
+        // A pidfd is readable once its process has exited (pidfd_open(2)).
+        // SAFETY: as for the feed above: the OwnedFd stays open while registered.
+        if let Ok(w) = unsafe { AsyncFd::register_with_interest(pidfd, Interest::READABLE) } {
+            let _ = w.readable().await;
+        }
+        if let Some(e) = weak.upgrade() {
+            take_over(&e);
+        }
+    });
+}
+
+/// Starts this process's own accept task on an inherited listener.
+fn take_over(entry: &Arc<ListenerEntry>) {
+    let feed = {
+        let mut st = entry.state.lock();
+        match std::mem::replace(&mut *st, State::Idle) {
+            State::Inherited { feed, .. } => feed,
+            other => {
+                *st = other;
+                return;
+            }
+        }
+    };
+    let started = match crate::stack() {
+        Some(stack) => start_task(entry, stack, feed),
+        None => Err(io::Error::other("no SMC-R stack in this process")),
+    };
+    match started {
+        Ok(running) => {
+            report::line(format_args!(
+                "listen local={} mode=SMC info=\"taken over\"",
+                entry.local
+            ));
+            *entry.state.lock() = running;
+        }
+        Err(e) => tracing::warn!(local = %entry.local, error = %e,
+            "cannot accept on an inherited SMC listener whose process is gone"),
+    }
+}
+
+/// In a forked child (the fork handler, with the table held): every listener becomes
+/// [`State::Inherited`] from the process that runs its accept task. The parent's
+/// entries are left alone (not dropped: their task is the parent's).
+pub(crate) fn forked(old: &Arc<ListenerEntry>) -> Arc<ListenerEntry> {
+    if old.state.is_locked() {
+        // SAFETY: the child has one thread, this one; the holder was a parent's thread.
+        unsafe { old.state.force_unlock() };
+    }
+    // SAFETY (both raw adoptions below): the numbers are descriptors this process
+    // inherited from the parent's entry, which is never dropped here, so each has
+    // exactly one owner again.
+    let (feed, owner) = match &*old.state.lock() {
+        State::Running {
+            feed, runtime_tcp, ..
+        } => {
+            // The runtime's copy of the TCP socket is the parent's event thread's; the
+            // child's task would make its own. close(2) through the system call: the
+            // table is held by this thread.
+            // SAFETY: our inherited copy; nothing in the child uses it.
+            unsafe { libc::syscall(libc::SYS_close, libc::c_long::from(*runtime_tcp)) };
+            // SAFETY: the parent is alive while it forks us (pidfd_open(2)).
+            let p = unsafe {
+                libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(libc::getppid()), 0)
+            };
+            // SAFETY: see above.
+            let owner = (p >= 0).then(|| unsafe { OwnedFd::from_raw_fd(p as RawFd) });
+            (Some(unsafe { OwnedFd::from_raw_fd(*feed) }), owner)
+        }
+        State::Inherited { feed, owner, .. } => (
+            // SAFETY: see above.
+            Some(unsafe { OwnedFd::from_raw_fd(feed.as_raw_fd()) }),
+            // SAFETY: see above.
+            owner
+                .as_ref()
+                .map(|o| unsafe { OwnedFd::from_raw_fd(o.as_raw_fd()) }),
+        ),
+        State::Idle => (None, None),
+    };
+    // SAFETY: see above.
+    let tcp = unsafe { OwnedFd::from_raw_fd(old.tcp.as_raw_fd()) };
+    let state = match feed {
+        Some(feed) => {
+            UNWATCHED.fetch_add(1, Ordering::AcqRel);
+            State::Inherited {
+                feed,
+                owner,
+                watching: false,
+            }
+        }
+        None => State::Idle,
+    };
+    Arc::new(ListenerEntry {
+        local: old.local,
+        tcp,
+        state: Mutex::new(state),
+    })
 }
 
 /// One finished rendezvous as a message: "S" (SMC-R) or "T" (TCP), our address and the
@@ -341,11 +518,13 @@ pub(crate) unsafe fn write_addr(a: &SocketAddr, addr: *mut sockaddr, len: *mut s
 /// # Safety
 /// `addr`/`len` as for accept4(2).
 pub(crate) unsafe fn accept(
+    entry: &Arc<ListenerEntry>,
     fd: c_int,
     addr: *mut sockaddr,
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    waited_on(entry);
     let mut buf = [0u8; 160];
     let (got, local, peer, smc) = loop {
         let (n, got) = match recv_fd(fd, &mut buf) {

@@ -47,6 +47,13 @@ real! {
     setsockopt: fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int;
     sendto: fn(c_int, *const c_void, libc::size_t, c_int, *const sockaddr, socklen_t) -> libc::ssize_t;
     sendmsg: fn(c_int, *const libc::msghdr, c_int) -> libc::ssize_t;
+    epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+    poll: fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
+    __poll_chk: fn(*mut libc::pollfd, libc::nfds_t, c_int, libc::size_t) -> c_int;
+    ppoll: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int;
+    __ppoll_chk: fn(*mut libc::pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t, libc::size_t) -> c_int;
+    select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int;
+    pselect: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int;
 }
 
 /// `errno` of this thread.
@@ -116,7 +123,7 @@ pub(crate) fn dup3_raw(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// connections) — so ours must not take the low numbers. Half the soft RLIMIT_NOFILE,
 /// at most 4096 (a higher floor would grow every process's descriptor table for
 /// nothing).
-fn fd_floor() -> c_int {
+pub(crate) fn fd_floor() -> c_int {
     static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
     *FLOOR.get_or_init(|| {
         let mut r = libc::rlimit {

@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 fn path() -> Option<&'static str> {
     static P: OnceLock<Option<String>> = OnceLock::new();
-    P.get_or_init(|| std::env::var("SMC_RS_STATS").ok().filter(|p| !p.is_empty()))
+    P.get_or_init(|| smc_verbs::process::config_var("SMC_RS_STATS").filter(|p| !p.is_empty()))
         .as_deref()
 }
 

@@ -124,3 +124,30 @@ pub(crate) fn stream_fds() -> Vec<c_int> {
         .map(|(fd, _)| *fd)
         .collect()
 }
+
+/// In a forked child (its fork handler, the table unlocked and this the only thread):
+/// every listener entry is replaced by the child's own view of it
+/// ([`crate::listen::forked`]); the parent's entries are leaked, never dropped (their
+/// tasks and descriptors' owners are the parent's). Streams stay: their entries hold
+/// nothing of the parent's runtime.
+pub(crate) fn forked() {
+    let mut t = TABLE.lock();
+    let mut made: Vec<(*const ListenerEntry, Arc<ListenerEntry>)> = Vec::new();
+    for slot in t.values_mut() {
+        let Entry::Listener(old) = &slot.entry else {
+            continue;
+        };
+        // Duplicated descriptors share one entry, and keep sharing one.
+        let key = Arc::as_ptr(old);
+        let new = match made.iter().find(|(k, _)| *k == key) {
+            Some((_, n)) => n.clone(),
+            None => {
+                let n = crate::listen::forked(old);
+                made.push((key, n.clone()));
+                n
+            }
+        };
+        let old = std::mem::replace(&mut slot.entry, Entry::Listener(new));
+        std::mem::forget(old);
+    }
+}

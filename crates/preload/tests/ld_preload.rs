@@ -3,7 +3,8 @@
 //! drives the socket API through std and libc as any program would — blocking and
 //! non-blocking connect/accept, poll, level- and edge-triggered epoll, MSG_PEEK, shutdown, dup, socket
 //! options, getsockname/getpeername, FIONREAD, a forked child writing on an inherited
-//! descriptor, a forked child accepting on an inherited listener — over SMC-R between a listener and clients in the one process (one stack
+//! descriptor, a forked child accepting on an inherited listener, a daemonizing server
+//! (listen, fork, exit: the child takes over) and a forked child's own connection — over SMC-R between a listener and clients in the one process (one stack
 //! talks to itself, SMC_RS_SKIP_TCP_OPTION, no eBPF). The parent checks the child's exit
 //! status and the SMC_RS_STATS lines: every connection SMC-R on both ends.
 
@@ -74,13 +75,15 @@ fn socket_api_under_ld_preload() {
         String::from_utf8_lossy(&out.stderr)
     );
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
-    // Six connections (blocking; non-blocking with poll and epoll; dup; two around a
-    // fork; one accepted by a forked child), each seen by the connecting and the
+    // Eight connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child; one accepted by a daemonized grandchild
+    // after its parent exited, one it opened), each seen by the connecting and the
     // accepting side, each pump finished by the exit.
-    assert_eq!(count(" connect "), 6, "{log}");
-    assert_eq!(count(" accept "), 6, "{log}");
-    assert_eq!(count("mode=SMC-R info="), 12, "{log}");
-    assert_eq!(count(" close "), 12, "{log}");
+    assert_eq!(count(" connect "), 8, "{log}");
+    assert_eq!(count(" accept "), 8, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 16, "{log}");
+    assert_eq!(count(" close "), 16, "{log}");
+    assert_eq!(count("info=\"taken over\""), 1, "{log}");
     assert!(!log.contains("mode=TCP"), "{log}");
 }
 
@@ -280,10 +283,9 @@ fn child() {
     // 5. fork: the child writes on the inherited descriptor and exits; the parent's
     // tasks serve it. The parent closes its copy first: the connection lives on. The
     // child leaves by exit(), which runs the exit handlers it inherited (the library's
-    // drain, the stack's goodbye): both skip a forked child, and a connection opened
-    // before the fork still works afterwards. (With the software RNIC a child's goodbye
-    // would not reach the wire anyway — its RNIC thread is not in the child — so this
-    // checks that exit() in a child is harmless, not the skip itself.)
+    // drain, the stack's goodbye): both only act for a stack the exiting process started
+    // itself (this child started none), and a connection opened before the fork still
+    // works afterwards.
     let mut c5 = TcpStream::connect(addr).unwrap();
     let (mut s5, _) = l.accept().unwrap();
     let c4 = TcpStream::connect(addr).unwrap();
@@ -407,5 +409,82 @@ fn child() {
         libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
         "child status {st}"
     );
-    let _: SocketAddr = addr;
+
+    // 8. A server that daemonizes: a process listens, forks, and exits; its child,
+    // accepting on the inherited listener, takes over the accept task once the
+    // listening process is gone (nginx's default: daemon on). The child then opens a
+    // connection of its own: SMC-R too (its own stack, the parent's threads are not
+    // in it). Both processes are forked children of this one, so each starts its own
+    // stack on addresses this process uses (the RoCEv2 port is shared).
+    let daemon_ip = ip(3);
+    let mut pipe = [0; 2];
+    // SAFETY: `pipe` has room for two descriptors.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    l.set_nonblocking(false).unwrap();
+    // The daemon is reparented to this process when its parent exits, so it can be
+    // waited for.
+    // SAFETY: prctl with integer arguments.
+    assert_eq!(
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
+        0
+    );
+    // SAFETY: the child listens, forks, writes the port and exits.
+    let d1 = unsafe { libc::fork() };
+    assert!(d1 >= 0);
+    if d1 == 0 {
+        let l8 = TcpListener::bind(format!("{daemon_ip}:0")).unwrap();
+        let port = l8.local_addr().unwrap().port();
+        // SAFETY: the daemon accepts, echoes, connects, and calls _exit.
+        let d2 = unsafe { libc::fork() };
+        if d2 == 0 {
+            let ok = l8.accept().is_ok_and(|(mut s, _)| {
+                let mut b = [0u8; 5];
+                s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok()
+            }) && TcpStream::connect(addr).is_ok_and(|mut c| {
+                c.write_all(b"child").is_ok() && c.shutdown(Shutdown::Write).is_ok() && {
+                    let mut e = Vec::new();
+                    c.read_to_end(&mut e).is_ok()
+                }
+            });
+            // SAFETY: ends the daemon, running its exit handlers (the drain).
+            unsafe { libc::exit(if ok { 0 } else { 1 }) };
+        }
+        let msg = [u32::from(port), d2 as u32];
+        // SAFETY: writes eight bytes to the pipe.
+        unsafe { libc::write(pipe[1], msg.as_ptr().cast(), 8) };
+        // SAFETY: the listening process leaves as a daemonizing parent does.
+        unsafe { libc::exit(if d2 > 0 { 0 } else { 1 }) };
+    }
+    let mut msg = [0u32; 2];
+    // SAFETY: reads eight bytes from the pipe.
+    assert_eq!(
+        unsafe { libc::read(pipe[0], msg.as_mut_ptr().cast(), 8) },
+        8
+    );
+    let [port, d2] = msg;
+    let mut st = 0;
+    // SAFETY: waits for our child (the listening process).
+    assert_eq!(unsafe { libc::waitpid(d1, &mut st, 0) }, d1);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "listening process {st}"
+    );
+    let daemon: SocketAddr = format!("{daemon_ip}:{port}").parse().unwrap();
+    let mut c8 = TcpStream::connect(daemon).unwrap();
+    c8.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    c8.write_all(b"daemn").unwrap();
+    c8.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"daemn", "echoed by the daemon after its parent exited");
+    let (mut s8, _) = l.accept().unwrap();
+    let mut got = Vec::new();
+    s8.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"child", "a connection the daemon opened itself");
+    drop(s8);
+    drop(c8);
+    // SAFETY: waits for the daemon (reparented to us).
+    assert_eq!(unsafe { libc::waitpid(d2 as i32, &mut st, 0) }, d2 as i32);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "daemon {st}"
+    );
 }

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use smc_ibverbs::IbVerbs;
 use smc_softroce::SoftRoce;
@@ -60,9 +60,9 @@ impl fmt::Display for Selection {
 
 /// The selection in the environment; a bad value is an error.
 pub fn selection_from_env() -> std::result::Result<Selection, String> {
-    match std::env::var(ENV) {
-        Ok(v) => v.parse(),
-        Err(_) => Ok(Selection::Auto),
+    match smc_verbs::process::config_var(ENV) {
+        Some(v) => v.parse(),
+        None => Ok(Selection::Auto),
     }
 }
 
@@ -103,9 +103,10 @@ pub struct Auto {
 }
 
 impl Auto {
-    /// The process-wide instance (over [`IbVerbs::global`] and [`SoftRoce::global`]).
+    /// The process-wide instance (over [`IbVerbs::global`] and [`SoftRoce::global`]; a
+    /// forked child gets its own, [`smc_verbs::process`]).
     pub fn global() -> Arc<Auto> {
-        static G: OnceLock<Arc<Auto>> = OnceLock::new();
+        static G: smc_verbs::process::PerProcess<Arc<Auto>> = smc_verbs::process::PerProcess::new();
         G.get_or_init(|| Arc::new(Auto::new(IbVerbs::global(), SoftRoce::global())))
             .clone()
     }

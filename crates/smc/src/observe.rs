@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 
 use crate::clc::FallbackReason;
 use crate::Stack;
+use smc_verbs::process::PerProcess;
 
 /// Abstract socket names: `smc-rs/<pid>`.
 pub const SOCKET_PREFIX: &str = "smc-rs/";
@@ -45,15 +46,23 @@ struct Fallback {
     reason: FallbackReason,
 }
 
-static FALLBACKS: Mutex<Vec<Fallback>> = Mutex::new(Vec::new());
+// Per process (smc_verbs::process): a forked child counts its own connections, and a
+// lock a parent's thread held at fork() is not held in the child's fresh copy.
+static FALLBACKS: PerProcess<Mutex<Vec<Fallback>>> = PerProcess::new();
 
 /// Counters zeroed by `reset` (cumulative ones: they are reported minus these).
-static BASELINE: Mutex<Option<(crate::Stats, BTreeMap<u32, u64>)>> = Mutex::new(None);
+static BASELINE: PerProcess<Mutex<Option<Baseline>>> = PerProcess::new();
+/// The counters at the last reset, and the fallbacks by code then.
+type Baseline = (crate::Stats, BTreeMap<u32, u64>);
 /// Fallbacks by local reason code, ever.
-static BY_CODE: Mutex<BTreeMap<u32, u64>> = Mutex::new(BTreeMap::new());
+static BY_CODE: PerProcess<Mutex<BTreeMap<u32, u64>>> = PerProcess::new();
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T: Default + Send + 'static>(
+    m: &PerProcess<Mutex<T>>,
+) -> std::sync::MutexGuard<'static, T> {
+    m.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 /// Remembers a connection that stays TCP (`role`: "client" or "server").
@@ -362,7 +371,7 @@ pub fn reset(stack: &Stack) {
 
 /// Serves [`snapshot`] on `smc-rs/<pid>` from a thread of its own (module docs).
 pub(crate) fn publish(stack: &'static Stack) {
-    if std::env::var("SMC_RS_PUBLISH").is_ok_and(|v| v.trim() == "0") {
+    if smc_verbs::process::config_var("SMC_RS_PUBLISH").is_some_and(|v| v.trim() == "0") {
         return;
     }
     use std::os::linux::net::SocketAddrExt;
@@ -370,12 +379,23 @@ pub(crate) fn publish(stack: &'static Stack) {
     let l = match std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .and_then(|a| UnixListener::bind_addr(&a))
     {
-        Ok(l) => l,
+        Ok(l) => smc_verbs::process::lift(l),
         Err(e) => {
             tracing::warn!(%name, error = %e, "cannot publish SMC state: smc ss will not list this process");
             return;
         }
     };
+    // A forked child closes its copy of our socket: the name must go when this process
+    // does (a child that outlived its parent kept it, unanswered, and `smc ss` waited on
+    // it); the child publishes under its own pid if it starts a stack.
+    PUBLISHED_FD.store(l.as_raw_fd(), std::sync::atomic::Ordering::Release);
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a plain `extern "C"` function (it only closes a descriptor).
+        if unsafe { libc::pthread_atfork(None, None, Some(close_published_in_child)) } != 0 {
+            tracing::debug!("pthread_atfork failed: a forked child keeps our smc ss name");
+        }
+    });
     let spawned = std::thread::Builder::new()
         .name("smc-publish".into())
         .spawn(move || {
@@ -387,6 +407,19 @@ pub(crate) fn publish(stack: &'static Stack) {
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the SMC state publisher");
+    }
+}
+
+/// The descriptor of this process's `smc-rs/<pid>` socket (-1: none).
+static PUBLISHED_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+extern "C" fn close_published_in_child() {
+    let fd = PUBLISHED_FD.swap(-1, std::sync::atomic::Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the parent's listening socket, inherited; nothing in the child uses
+        // it (the parent's publisher thread is not here). The raw system call: an
+        // interposing library (smc-preload) must not see it; async-signal-safe.
+        unsafe { libc::syscall(libc::SYS_close, libc::c_long::from(fd)) };
     }
 }
 

@@ -108,8 +108,8 @@ impl SmcPolicy {
         let file = default_path();
         SmcPolicy::resolve(
             file.as_deref(),
-            std::env::var(ALLOW_ENV).ok().as_deref(),
-            std::env::var(DENY_ENV).ok().as_deref(),
+            smc_verbs::process::config_var(ALLOW_ENV).as_deref(),
+            smc_verbs::process::config_var(DENY_ENV).as_deref(),
         )
     }
 
@@ -210,7 +210,7 @@ impl SmcPolicy {
 /// The policy file in effect: [`POLICY_FILE_ENV`] if set (empty: none), else
 /// [`DEFAULT_POLICY_FILE`].
 pub fn default_path() -> Option<PathBuf> {
-    match std::env::var_os(POLICY_FILE_ENV) {
+    match smc_verbs::process::config_var(POLICY_FILE_ENV) {
         Some(p) if p.is_empty() => None,
         Some(p) => Some(PathBuf::from(p)),
         None => Some(PathBuf::from(DEFAULT_POLICY_FILE)),

@@ -75,7 +75,7 @@ pub fn save(table: &UeidTable, path: &Path) -> Result<(), UeidFileError> {
 /// The UEID file in effect: [`UEID_FILE_ENV`] if set and not empty, else
 /// [`DEFAULT_UEID_FILE`].
 pub fn default_path() -> PathBuf {
-    match std::env::var_os(UEID_FILE_ENV) {
+    match smc_verbs::process::config_var(UEID_FILE_ENV) {
         Some(p) if !p.is_empty() => PathBuf::from(p),
         _ => PathBuf::from(DEFAULT_UEID_FILE),
     }
@@ -84,7 +84,10 @@ pub fn default_path() -> PathBuf {
 /// The configuration in effect: [`UEID_ENV`] when set (even empty: an empty value
 /// disables SMC-Rv2), else the file at [`default_path`].
 pub fn from_env_or_file() -> Result<UeidTable, UeidFileError> {
-    resolve(std::env::var(UEID_ENV).ok().as_deref(), &default_path())
+    resolve(
+        smc_verbs::process::config_var(UEID_ENV).as_deref(),
+        &default_path(),
+    )
 }
 
 /// [`from_env_or_file`] with the environment value passed in (testable).

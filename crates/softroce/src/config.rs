@@ -55,14 +55,14 @@ impl Config {
     /// are logged and ignored.
     pub fn from_env() -> Config {
         let mut c = Config::default();
-        if let Ok(v) = std::env::var(ENV_FAULTS) {
+        if let Some(v) = smc_verbs::process::config_var(ENV_FAULTS) {
             match FaultConfig::parse(&v) {
                 Some(f) => c.faults = Some(f),
                 None => tracing::warn!(value = %v, "ignoring malformed {ENV_FAULTS}"),
             }
         }
         let port = |name: &str| -> Option<u16> {
-            let v = std::env::var(name).ok()?;
+            let v = smc_verbs::process::config_var(name)?;
             let p = v.trim().parse().ok();
             if p.is_none() {
                 tracing::warn!(value = %v, "ignoring malformed {name}");
@@ -72,7 +72,7 @@ impl Config {
         c.udp_port = port(ENV_PORT);
         c.peer_port = port(ENV_PEER_PORT);
         c.gso = gso_from_env();
-        if let Ok(v) = std::env::var(ENV_MTU) {
+        if let Some(v) = smc_verbs::process::config_var(ENV_MTU) {
             c.max_mtu = v.trim().parse().ok().and_then(Mtu::from_bytes);
             if c.max_mtu.is_none() {
                 tracing::warn!(value = %v, "ignoring malformed {ENV_MTU}");
@@ -85,7 +85,7 @@ impl Config {
 /// [`ENV_GSO`]: `Some(false)` for `0`, `Some(true)` for `1`, else `None`
 /// (a malformed value is logged and ignored).
 pub(crate) fn gso_from_env() -> Option<bool> {
-    let v = std::env::var(ENV_GSO).ok()?;
+    let v = smc_verbs::process::config_var(ENV_GSO)?;
     match v.trim() {
         "0" => Some(false),
         "1" => Some(true),

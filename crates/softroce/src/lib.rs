@@ -74,7 +74,7 @@ pub mod wire;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 pub use config::{Config, FaultConfig};
 pub use device::Stats;
@@ -96,9 +96,11 @@ impl SoftRoce {
         })
     }
 
-    /// Process-wide default instance ([`Config::from_env`]).
+    /// Process-wide default instance ([`Config::from_env`]); a forked child gets its
+    /// own (its devices' threads are not in the child, [`smc_verbs::process`]).
     pub fn global() -> Arc<SoftRoce> {
-        static G: OnceLock<Arc<SoftRoce>> = OnceLock::new();
+        static G: smc_verbs::process::PerProcess<Arc<SoftRoce>> =
+            smc_verbs::process::PerProcess::new();
         G.get_or_init(|| SoftRoce::new(Config::from_env())).clone()
     }
 

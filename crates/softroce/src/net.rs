@@ -52,7 +52,11 @@ pub(crate) fn udp_socket(local: IpAddr) -> std::io::Result<Socket> {
     } else {
         Domain::IPV6
     };
-    let sock = Socket::new(domain, Type::DGRAM.cloexec(), Some(Protocol::UDP))?;
+    let sock = smc_verbs::process::lift(Socket::new(
+        domain,
+        Type::DGRAM.cloexec(),
+        Some(Protocol::UDP),
+    )?);
     // IP_PMTUDISC_DO: DF on every packet, never fragmented locally (and
     // IPv4 ID 0 on an unconnected socket, which the ICRC covers).
     if local.is_ipv4() {

@@ -148,7 +148,7 @@ pub(crate) fn bind_device(local: IpAddr, port: u16) -> io::Result<(Socket, Optio
 
 /// Whether sharing is wanted ([`ENV_SHARE`]).
 pub(crate) fn wanted() -> bool {
-    std::env::var(ENV_SHARE).map_or(true, |v| v.trim() != "0")
+    smc_verbs::process::config_var(ENV_SHARE).is_none_or(|v| v.trim() != "0")
 }
 
 /// The name that identifies the group of (network namespace, address,
@@ -319,7 +319,9 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
 fn bpf_fd<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<OwnedFd> {
     let fd = bpf(cmd, attr)? as RawFd;
     // SAFETY: bpf(2) returned a new file descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(smc_verbs::process::lift(unsafe {
+        OwnedFd::from_raw_fd(fd)
+    }))
 }
 
 /// The map called `name` of the host, if one exists (enumerated by id; needs

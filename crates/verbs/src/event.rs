@@ -18,10 +18,8 @@ pub struct EventFd(OwnedFd);
 impl EventFd {
     /// A new eventfd with counter 0.
     pub fn new() -> io::Result<EventFd> {
-        Ok(EventFd(eventfd(
-            0,
-            EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC,
-        )?))
+        let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        Ok(EventFd(crate::process::lift(fd)))
     }
 
     /// Adds one to the counter, making the fd readable (wakes a poller).

@@ -27,6 +27,7 @@ pub mod error;
 pub mod event;
 pub mod mem;
 pub mod netdev;
+pub mod process;
 pub mod provider;
 pub mod qp;
 pub mod types;

@@ -406,7 +406,8 @@ impl DeviceOps for DevInner {
 pub fn api() -> std::result::Result<&'static Api, ffi::LoadError> {
     static API: OnceLock<std::result::Result<Api, ffi::LoadError>> = OnceLock::new();
     API.get_or_init(|| {
-        let lib = std::env::var("SMC_RS_IBVERBS_LIB").unwrap_or_else(|_| "libibverbs.so.1".into());
+        let lib = smc_verbs::process::config_var("SMC_RS_IBVERBS_LIB")
+            .unwrap_or_else(|| "libibverbs.so.1".into());
         Api::load(&lib)
     })
     .as_ref()

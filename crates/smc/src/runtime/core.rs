@@ -98,7 +98,7 @@ impl Core {
             next_tcp: 0,
             listeners: BTreeMap::new(),
             next_listener: 0,
-            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+            epoll: smc_verbs::process::lift(epoll::create(epoll::CreateFlags::CLOEXEC)?),
             reap_check: Vec::new(),
             shm_conns: BTreeMap::new(),
         })
@@ -559,6 +559,8 @@ impl Core {
         loop {
             match l.sock.accept() {
                 Ok((tcp, peer)) => {
+                    // Held for the connection's life: numbered above the program's.
+                    let tcp = smc_verbs::process::lift(tcp);
                     let _ = tcp.set_nodelay(true);
                     let Ok(local) = tcp.local_addr() else {
                         continue;

@@ -221,7 +221,7 @@ impl StackConfig {
             }
         }
         let size = |name: &str| -> Option<usize> {
-            let v = std::env::var(name).ok()?;
+            let v = smc_verbs::process::config_var(name)?;
             match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => Some(n),
                 _ => {
@@ -237,7 +237,7 @@ impl StackConfig {
             c.sndbuf_size = n;
         }
         let millis = |name: &str| -> Option<Duration> {
-            let v = std::env::var(name).ok()?;
+            let v = smc_verbs::process::config_var(name)?;
             match v.trim().parse::<u64>() {
                 Ok(n) => Some(Duration::from_millis(n)),
                 Err(_) => {
@@ -262,27 +262,27 @@ impl StackConfig {
             // 0 disables TEST LINK keepalive.
             c.keepalive = (!d.is_zero()).then_some(d);
         }
-        if let Ok(v) = std::env::var("SMC_RS_SAME_HOST") {
+        if let Some(v) = smc_verbs::process::config_var("SMC_RS_SAME_HOST") {
             c.same_host = matches!(v.trim(), "1" | "on" | "yes" | "true");
         }
-        if let Ok(v) = std::env::var("SMC_RS_SAME_HOST_DIR") {
+        if let Some(v) = smc_verbs::process::config_var("SMC_RS_SAME_HOST_DIR") {
             if !v.trim().is_empty() {
                 c.same_host_dir = v.trim().into();
             }
         }
-        if let Ok(v) = std::env::var("SMC_RS_SAME_HOST_SPIN_US") {
+        if let Some(v) = smc_verbs::process::config_var("SMC_RS_SAME_HOST_SPIN_US") {
             match v.trim().parse::<u64>() {
                 Ok(n) => c.same_host_spin = Duration::from_micros(n),
                 Err(_) => warn!(value = %v, "SMC_RS_SAME_HOST_SPIN_US is not a number; ignored"),
             }
         }
-        if let Ok(v) = std::env::var("SMC_RS_LOCAL_ADDR") {
+        if let Some(v) = smc_verbs::process::config_var("SMC_RS_LOCAL_ADDR") {
             match v.trim().parse::<IpAddr>() {
                 Ok(ip) => c.local_addr = Some(ip),
                 Err(_) => warn!(value = %v, "SMC_RS_LOCAL_ADDR is not an IP address; ignored"),
             }
         }
-        if let Ok(v) = std::env::var("SMC_RS_DEVICES") {
+        if let Some(v) = smc_verbs::process::config_var("SMC_RS_DEVICES") {
             match parse_devices(&v) {
                 Ok(d) => c.devices = d,
                 Err(bad) => {
@@ -669,27 +669,23 @@ impl Inner {
     }
 }
 
-static GLOBAL: OnceLock<Stack> = OnceLock::new();
-
-/// The process that made [`GLOBAL`] (not a forked child of it).
-static GLOBAL_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// This process's stack: a forked child makes its own on first use (the parent's
+/// event thread and devices are not in the child, [`smc_verbs::process`]).
+static GLOBAL: smc_verbs::process::PerProcess<Stack> = smc_verbs::process::PerProcess::new();
 
 /// Process exit with the global stack in use: end its link groups with DELETE LINK
 /// (RFC 7609 §3.5.4) so that the peers free theirs at once instead of after a failed
-/// TEST LINK. Best effort: skipped if the event thread holds the lock, and in a forked
-/// child.
+/// TEST LINK. Best effort: skipped if the event thread holds the lock. A forked child
+/// ends only the link groups of a stack it made itself: its copy of its parent's
+/// shares the parent's sockets, not its threads, and a goodbye from it would end the
+/// parent's link groups.
 extern "C" fn global_at_exit() {
     // On a fresh thread: the exiting thread's thread-locals may already be gone, and
     // nothing may unwind out of an `extern "C"` function.
+    let Some(stack) = GLOBAL.get() else { return };
     let t = std::thread::Builder::new()
         .name("smc-exit".into())
-        .spawn(|| {
-            let Some(stack) = GLOBAL.get() else { return };
-            // A forked child that calls exit() shares the parent's sockets but not its
-            // threads: its goodbye would end the parent's link groups.
-            if std::process::id() != GLOBAL_PID.load(Ordering::Relaxed) {
-                return;
-            }
+        .spawn(move || {
             let sent = match stack.inner.core.try_lock() {
                 Ok(mut core) => core.goodbye(&stack.inner, Instant::now()),
                 Err(_) => false,
@@ -719,27 +715,35 @@ impl fmt::Debug for Stack {
 }
 
 impl Stack {
-    /// The process-wide stack ([`StackConfig::from_env`]), started on first use.
+    /// The process-wide stack ([`StackConfig::from_env`]), started on first use; a
+    /// forked child starts its own on first use.
     pub fn global() -> &'static Stack {
-        let s = GLOBAL.get_or_init(|| {
-            let s = match Stack::new(StackConfig::from_env()) {
-                Ok(s) => s,
-                // Creating an eventfd and a thread only fails when the process is out of
-                // resources; there is nothing sensible to return from a static accessor.
-                Err(e) => panic!("cannot start the SMC-R stack: {e}"),
-            };
-            GLOBAL_PID.store(std::process::id(), Ordering::Relaxed);
-            // Statics are never dropped: say goodbye to the peers at process exit.
+        let s = GLOBAL.get_or_init(|| match Stack::new(StackConfig::from_env()) {
+            Ok(s) => s,
+            // Creating an eventfd and a thread only fails when the process is out of
+            // resources; there is nothing sensible to return from a static accessor.
+            Err(e) => panic!("cannot start the SMC-R stack: {e}"),
+        });
+        // Statics are never dropped: say goodbye to the peers at process exit. Once per
+        // address space: a forked child inherits the registration, and the handler
+        // finds the exiting process's own stack.
+        static AT_EXIT: std::sync::Once = std::sync::Once::new();
+        AT_EXIT.call_once(|| {
             // SAFETY: registers a plain `extern "C"` function with no arguments.
             if unsafe { libc::atexit(global_at_exit) } != 0 {
                 debug!("atexit registration failed; peers notice our exit by TEST LINK");
             }
-            s
         });
-        // Its sockets are listed by `smc ss` (crate::observe).
-        static PUBLISH: std::sync::Once = std::sync::Once::new();
-        PUBLISH.call_once(|| crate::observe::publish(s));
+        // Its sockets are listed by `smc ss` (crate::observe), per process.
+        static PUBLISHED: smc_verbs::process::PerProcess<()> =
+            smc_verbs::process::PerProcess::new();
+        PUBLISHED.get_or_init(|| crate::observe::publish(s));
         s
+    }
+
+    /// This process's global stack, if it started one ([`Stack::global`]).
+    pub fn global_if_started() -> Option<&'static Stack> {
+        GLOBAL.get()
     }
 
     /// A new stack with its own Peer ID and event thread.

@@ -33,7 +33,9 @@ impl NetMon {
             None, // NETLINK_ROUTE is protocol 0
         )?;
         rustix::net::bind(&fd, &SocketAddrNetlink::new(0, GROUPS))?;
-        Ok(NetMon { fd })
+        Ok(NetMon {
+            fd: smc_verbs::process::lift(fd),
+        })
     }
 
     /// Reads every pending notification; true if there was any (or some were lost to

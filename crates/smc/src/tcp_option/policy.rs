@@ -227,9 +227,9 @@ impl SkipOptionPolicy {
 
     /// Reads [`POLICY_ENV`]; unset or empty means disabled.
     pub fn from_env() -> Result<Self, PolicyError> {
-        match std::env::var(POLICY_ENV) {
-            Ok(v) => v.parse(),
-            Err(_) => Ok(Self::disabled()),
+        match smc_verbs::process::config_var(POLICY_ENV) {
+            Some(v) => v.parse(),
+            None => Ok(Self::disabled()),
         }
     }
 

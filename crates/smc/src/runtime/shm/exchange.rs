@@ -72,7 +72,8 @@ pub(crate) fn recv(s: &UnixStream) -> io::Result<(SameHostHello, Vec<OwnedFd>)> 
         if let RecvAncillaryMessage::ScmRights(it) = m {
             for fd in it {
                 if fds.len() < 2 {
-                    fds.push(fd);
+                    // Held for the connection's life: numbered above the program's.
+                    fds.push(smc_verbs::process::lift(fd));
                 }
             }
         }

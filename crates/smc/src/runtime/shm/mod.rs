@@ -141,7 +141,7 @@ impl SameHost {
         }
         remove_stale(&self.dir);
         let path = Self::sock_path(&self.dir, self.stack_id);
-        let l = UnixListener::bind(&path)?;
+        let l = smc_verbs::process::lift(UnixListener::bind(&path)?);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
         Ok((path, l))
     }
