@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System test (issue 14): the same-host path between two smc processes
-# (docs/samehost.md). Both run with SMC_RS_SAME_HOST=1 and one socket directory.
+# (docs/samehost.md). Both run with the path on by default (SMC_RS_SAME_HOST unset) and one
+# socket directory; section 4 runs redis under smc run on it.
 #
 #  1. Two processes on loopback: 1 GiB each way (256 MiB with CI=true), echo,
 #     SHA-256 on both sides, both connections on the same-host path.
@@ -21,7 +22,10 @@ TEST_NAME=smc-samehost
 ensure_bin
 if [ "${CI:-}" = true ] && [ -z "${SMC_SAMEHOST_FULL:-}" ]; then SIZE=256M; N=200; else SIZE=1G; N=1000; fi
 SIZE=${SMC_TEST_SIZE:-$SIZE}
-export SMC_RS_SAME_HOST=1 SMC_RS_SAME_HOST_DIR="$WORK/sockets"
+# On by default (smc-common.bash turned it off for the SMC-R scripts): every command
+# below runs with the variable unset, as a user's would.
+unset SMC_RS_SAME_HOST
+export SMC_RS_SAME_HOST_DIR="$WORK/sockets"
 export SMC_RS_SKIP_TCP_OPTION='127.0.0.0/8:*,10.234.0.0/24:*'
 SIP=${SMC_TEST_SERVER_IP:-127.0.14.2}; CIP=${SMC_TEST_CLIENT_IP:-127.0.14.1}
 BYTES=$(python3 -c "import sys; s=sys.argv[1]; u={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*u[s[-1]] if s[-1] in u else int(s))" "$SIZE")
@@ -127,6 +131,44 @@ kill -0 "$SRV" 2>/dev/null && ok "listener survived" || fail "listener died"
 timeout 60 "$SMC" connect --bind "$CIP" "$SIP:$PORT" --send-bytes 1M --expect-echo --require-smc \
   > "$WORK/after.out" 2>&1 && grep -q "mode=same-host .*echo=ok" "$WORK/after.out" \
   && ok "listener still serves same-host connections" || { fail "after kill"; show "$WORK/after.out"; }
+
+# ---- 4. unmodified programs under smc run on the same-host path -------------------------
+# redis-server and redis-benchmark, both under smc run (the path on by default): every
+# connection SAMEHOST in smc ss, beside plain kernel TCP in the same run (reported).
+if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+  ensure_preload
+  RN=$([ "${CI:-}" = true ] && echo 20000 || echo 100000)
+  RP=$(free_port)
+  "$SMC" run redis-server --bind "$SIP" --port "$RP" --save '' --appendonly no --protected-mode no \
+    > "$WORK/redis.log" 2>&1 &
+  RPID=$!; PIDS+=("$RPID")
+  if wait_listen "$RP"; then
+    SMC_RS_LOCAL_ADDR=$CIP timeout 300 "$SMC" run redis-benchmark -h "$SIP" -p "$RP" -t set,get -n "$RN" -q \
+      > "$WORK/rb.out" 2> "$WORK/rb.err" &
+    BP=$!
+    sleep 1
+    "$SMC" ss --json > "$WORK/rbss.json" 2>/dev/null
+    wait "$BP"; rc=$?
+    modes=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sorted(set(s['mode'] for s in d if str(s['pid']) in sys.argv[2:] and s['mode'] != 'SMC')))" \
+      "$WORK/rbss.json" "$RPID" "$BP" 2>&1)
+    tr '\r' '\n' < "$WORK/rb.out" | grep -E '^(SET|GET): [0-9.]+ requests per second' > "$WORK/rb.res"
+    if [ "$rc" = 0 ] && [ "$(wc -l < "$WORK/rb.res")" = 2 ] && [ "$modes" = "['SAMEHOST']" ]; then
+      ok "smc run redis-benchmark -t set,get -n $RN → smc run redis-server: done, smc ss saw SAMEHOST only"
+    else fail "redis under smc run (exit $rc, smc ss modes $modes)"; show "$WORK/rb.out" "$WORK/rb.err" "$WORK/redis.log"; fi
+    kill "$RPID" 2>/dev/null; wait "$RPID" 2>/dev/null
+    RP2=$(free_port)
+    redis-server --bind "$SIP" --port "$RP2" --save '' --appendonly no --protected-mode no > /dev/null 2>&1 &
+    RT=$!; PIDS+=("$RT")
+    if wait_listen "$RP2"; then
+      redis-benchmark -h "$SIP" -p "$RP2" -t set,get -n "$RN" -q 2>/dev/null | tr '\r' '\n' \
+        | grep -E '^(SET|GET): [0-9.]+ requests per second' > "$WORK/rbtcp.res"
+      rps() { sed -n "s/^$2: \([0-9.]*\) requests per second.*/\1/p" "$1"; }
+      echo "perf: redis-benchmark -t set,get -n $RN (50 clients), both ends under smc run on the same-host path beside kernel TCP:" \
+        "SET/s $(rps "$WORK/rb.res" SET) vs $(rps "$WORK/rbtcp.res" SET), GET/s $(rps "$WORK/rb.res" GET) vs $(rps "$WORK/rbtcp.res" GET)"
+    fi
+    kill "$RT" 2>/dev/null; wait "$RT" 2>/dev/null
+  else fail "redis-server under smc run did not start"; show "$WORK/redis.log"; fi
+else echo "note: redis-server / redis-benchmark not installed: smc run section skipped"; fi
 
 if [ "$FAILS" -gt 0 ]; then echo "smc-samehost: $FAILS check(s) failed"; exit 1; fi
 echo "smc-samehost: all checks passed"

@@ -457,6 +457,9 @@ fn stack_pair_with(p: &PairArgs, f: impl Fn(&mut StackConfig)) -> Result<(Stack,
             .parse()
             .context("policy")?;
     let mut sc = StackConfig::from_env();
+    // The pair shows and measures SMC-R over the RNIC (`smc bench --path same-host`
+    // turns the shared-memory path back on through `f`).
+    sc.same_host = false;
     f(&mut sc);
     sc.skip_tcp_option = policy.clone();
     sc.tcp_option = None;
@@ -623,9 +626,8 @@ impl BenchPath {
         }
     }
     fn configure(self, c: &mut StackConfig) {
-        if self == BenchPath::SameHost {
-            c.same_host = true;
-        }
+        // The RDMA path is measured between two local stacks: no shared memory.
+        c.same_host = self == BenchPath::SameHost;
     }
 }
 

@@ -3,6 +3,11 @@
 # stats_field, fd_count, and a cleanup that kills every process in PIDS and runs
 # the optional function extra_cleanup.
 
+# These scripts test SMC-R between local stacks over the RNIC: the same-host path (on by
+# default between two smc-rs stacks of one host, docs/samehost.md) stays off unless a
+# script or the caller turns it on (smc-samehost.sh does).
+export SMC_RS_SAME_HOST=${SMC_RS_SAME_HOST:-0}
+
 BIN=${BIN:-target/release}
 SMC="$BIN/smc"
 FAILS=0

@@ -106,9 +106,10 @@ pub struct StackConfig {
     /// RNIC's and then this one. Zero disables it.
     pub rnic_drive: Duration,
     /// Offer and take smc-rs's same-host path (shared memory between two smc-rs stacks
-    /// on one host, docs/samehost.md). Off by default for now (`SMC_RS_SAME_HOST=1`
-    /// turns it on in `from_env`): the loopback tests of SMC-R itself rely on two local
-    /// stacks using RDMA.
+    /// on one host, docs/samehost.md). On in [`StackConfig::from_env`] (the process
+    /// default: `Stack::global`, the `smc` command, `smc run`; `SMC_RS_SAME_HOST=0`
+    /// turns it off); off in [`StackConfig::with_provider`], a bare configuration (the
+    /// SMC-R loopback tests use two local stacks over RDMA).
     pub same_host: bool,
     /// Directory of the stacks' Unix sockets for the same-host handshake
     /// (`SMC_RS_SAME_HOST_DIR`; both ends must use the same one).
@@ -200,9 +201,9 @@ impl StackConfig {
     /// address from `SMC_RS_LOCAL_ADDR`, the link devices from `SMC_RS_DEVICES`
     /// (comma-separated addresses), `SMC_RS_ADD_LINK_RETRY_MS`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
-    /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off), the same-host path from
-    /// `SMC_RS_SAME_HOST`, `SMC_RS_SAME_HOST_DIR` and `SMC_RS_SAME_HOST_SPIN_US`. Bad
-    /// values are logged and ignored.
+    /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off), the same-host path (on unless
+    /// `SMC_RS_SAME_HOST=0`) with `SMC_RS_SAME_HOST_DIR` and `SMC_RS_SAME_HOST_SPIN_US`.
+    /// Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(crate::defaults::provider());
         c.tcp_option = Some(crate::defaults::tcp_option());
@@ -262,8 +263,14 @@ impl StackConfig {
             // 0 disables TEST LINK keepalive.
             c.keepalive = (!d.is_zero()).then_some(d);
         }
+        // Two smc-rs stacks on one host talk through shared memory (issue 14).
+        c.same_host = true;
         if let Some(v) = smc_verbs::process::config_var("SMC_RS_SAME_HOST") {
-            c.same_host = matches!(v.trim(), "1" | "on" | "yes" | "true");
+            match v.trim() {
+                "1" | "on" | "yes" | "true" => {}
+                "0" | "off" | "no" | "false" => c.same_host = false,
+                _ => warn!(value = %v, "SMC_RS_SAME_HOST is not 0 or 1; the same-host path stays on"),
+            }
         }
         if let Some(v) = smc_verbs::process::config_var("SMC_RS_SAME_HOST_DIR") {
             if !v.trim().is_empty() {
