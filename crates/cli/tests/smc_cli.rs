@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 fn smc() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_smc"));
     c.env_remove("SMC_RS_SKIP_TCP_OPTION").env_remove("SMC_LOG");
+    // SMC-R between local processes: the same-host path (on by default) stays off.
+    c.env("SMC_RS_SAME_HOST", "0");
     c
 }
 
