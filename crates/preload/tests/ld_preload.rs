@@ -4,7 +4,8 @@
 //! non-blocking connect/accept, poll, level- and edge-triggered epoll, MSG_PEEK, shutdown, dup, socket
 //! options, getsockname/getpeername, FIONREAD, a forked child writing on an inherited
 //! descriptor, a forked child accepting on an inherited listener, a daemonizing server
-//! (listen, fork, exit: the child takes over) and a forked child's own connection — over SMC-R between a listener and clients in the one process (one stack
+//! (listen, fork, exit: the child takes over), a forked child's own connection and urgent
+//! data (MSG_OOB, SIOCATMARK, POLLPRI) both ways — over SMC-R between a listener and clients in the one process (one stack
 //! talks to itself, SMC_RS_SKIP_TCP_OPTION, no eBPF). The parent checks the child's exit
 //! status and the SMC_RS_STATS lines: every connection SMC-R on both ends.
 
@@ -75,14 +76,14 @@ fn socket_api_under_ld_preload() {
         String::from_utf8_lossy(&out.stderr)
     );
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
-    // Eight connections (blocking; non-blocking with poll and epoll; dup; two around a
-    // fork; one accepted by a forked child; one accepted by a daemonized grandchild
-    // after its parent exited, one it opened), each seen by the connecting and the
-    // accepting side, each pump finished by the exit.
-    assert_eq!(count(" connect "), 8, "{log}");
-    assert_eq!(count(" accept "), 8, "{log}");
-    assert_eq!(count("mode=SMC-R info="), 16, "{log}");
-    assert_eq!(count(" close "), 16, "{log}");
+    // Nine connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child; urgent data; one accepted by a daemonized
+    // grandchild after its parent exited, one it opened), each seen by the connecting
+    // and the accepting side, each pump finished by the exit.
+    assert_eq!(count(" connect "), 9, "{log}");
+    assert_eq!(count(" accept "), 9, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 18, "{log}");
+    assert_eq!(count(" close "), 18, "{log}");
     assert_eq!(count("info=\"taken over\""), 1, "{log}");
     assert!(!log.contains("mode=TCP"), "{log}");
 }
@@ -409,6 +410,63 @@ fn child() {
         libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
         "child status {st}"
     );
+
+    // 9. Urgent data both ways (MSG_OOB, RFC 7609 §4.7.5): the receiver reads up to the
+    // mark, SIOCATMARK says it is there, POLLPRI announces it, recv(MSG_OOB) gets it,
+    // and the data after it follows in-band.
+    let mut c9 = TcpStream::connect(addr).unwrap();
+    let (mut s9, _) = l.accept().unwrap();
+    for (mut tx, mut rx) in [(&c9, &s9), (&s9, &c9)] {
+        tx.write_all(b"ab").unwrap();
+        // SAFETY: sends one byte from our buffer.
+        assert_eq!(
+            unsafe { libc::send(tx.as_raw_fd(), b"!".as_ptr().cast(), 1, libc::MSG_OOB) },
+            1
+        );
+        tx.write_all(b"cd").unwrap();
+        assert_ne!(
+            poll1(rx.as_raw_fd(), libc::POLLPRI, 10_000) & libc::POLLPRI,
+            0,
+            "POLLPRI"
+        );
+        let mut two = [0u8; 2];
+        rx.read_exact(&mut two).unwrap();
+        assert_eq!(&two, b"ab", "reads stop at the mark");
+        let mut mark: libc::c_int = 0;
+        // SAFETY: SIOCATMARK writes one int.
+        assert_eq!(unsafe { libc::ioctl(rx.as_raw_fd(), 0x8905, &mut mark) }, 0);
+        assert_eq!(mark, 1, "SIOCATMARK at the urgent byte");
+        let mut u = 0u8;
+        // SAFETY: receives one byte into `u`.
+        let n = unsafe { libc::recv(rx.as_raw_fd(), (&mut u as *mut u8).cast(), 1, libc::MSG_OOB) };
+        assert_eq!(
+            (n, u),
+            (1, b'!'),
+            "recv(MSG_OOB): {}",
+            std::io::Error::last_os_error()
+        );
+        rx.read_exact(&mut two).unwrap();
+        assert_eq!(&two, b"cd", "in-band data after the mark");
+    }
+    // An urgent byte alone, with nothing before or after it.
+    // SAFETY: sends one byte from our buffer.
+    assert_eq!(
+        unsafe { libc::send(c9.as_raw_fd(), b"?".as_ptr().cast(), 1, libc::MSG_OOB) },
+        1
+    );
+    assert_ne!(
+        poll1(s9.as_raw_fd(), libc::POLLPRI, 10_000) & libc::POLLPRI,
+        0
+    );
+    let mut u = 0u8;
+    // SAFETY: receives one byte into `u`.
+    let n = unsafe { libc::recv(s9.as_raw_fd(), (&mut u as *mut u8).cast(), 1, libc::MSG_OOB) };
+    assert_eq!((n, u), (1, b'?'));
+    drop(c9);
+    let mut rest = Vec::new();
+    s9.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    drop(s9);
 
     // 8. A server that daemonizes: a process listens, forks, and exits; its child,
     // accepting on the inherited listener, takes over the accept task once the

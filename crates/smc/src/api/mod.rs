@@ -343,9 +343,9 @@ impl SmcHandle {
         }
     }
 
-    fn send_urgent(&self, byte: u8) -> io::Result<()> {
+    pub(crate) fn send_urgent(&self, byte: u8, wait: Option<Wait>) -> io::Result<()> {
         let mut st = self.conn.lock();
-        let wait = self.write_wait(&st);
+        let wait = wait.unwrap_or_else(|| self.write_wait(&st));
         loop {
             if let Some(e) = st.conn.error() {
                 return Err(io_err(e));
@@ -362,7 +362,7 @@ impl SmcHandle {
         }
     }
 
-    fn recv_urgent(&self) -> io::Result<u8> {
+    pub(crate) fn recv_urgent(&self) -> io::Result<u8> {
         let mut st = self.conn.lock();
         let r = st.conn.read_oob();
         self.conn.drive(&mut st, Instant::now());
@@ -695,7 +695,7 @@ impl SmcStream {
     /// Sends one urgent byte (`send(MSG_OOB)`, RFC 7609 §4.7.5).
     pub fn send_urgent(&self, byte: u8) -> io::Result<()> {
         match &self.inner {
-            Inner2::Smc(h) => h.send_urgent(byte),
+            Inner2::Smc(h) => h.send_urgent(byte, None),
             Inner2::Tcp(s, _) => oob_send(s, byte),
         }
     }
