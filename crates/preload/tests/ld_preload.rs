@@ -414,7 +414,7 @@ fn child() {
     // 9. Urgent data both ways (MSG_OOB, RFC 7609 §4.7.5): the receiver reads up to the
     // mark, SIOCATMARK says it is there, POLLPRI announces it, recv(MSG_OOB) gets it,
     // and the data after it follows in-band.
-    let mut c9 = TcpStream::connect(addr).unwrap();
+    let c9 = TcpStream::connect(addr).unwrap();
     let (mut s9, _) = l.accept().unwrap();
     for (mut tx, mut rx) in [(&c9, &s9), (&s9, &c9)] {
         tx.write_all(b"ab").unwrap();
