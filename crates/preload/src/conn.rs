@@ -65,6 +65,7 @@ struct Counters {
 pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
     let local = s.local_addr()?;
     let peer = s.peer_addr()?;
+    let (rmb, sndbuf) = s.buffer_sizes().unwrap_or_default();
     let (app, ours) = std::os::unix::net::UnixStream::pair()?;
     let ours = real::move_high(ours);
     ours.set_nonblocking(true)?;
@@ -104,7 +105,7 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
         ));
     });
     report::line(format_args!(
-        "{event} local={local} peer={peer} mode=SMC-R info=\"{mode}\""
+        "{event} local={local} peer={peer} mode=SMC-R info=\"{mode}\" rmb={rmb} sndbuf={sndbuf}"
     ));
     Ok(OwnedFd::from(app))
 }
@@ -487,7 +488,8 @@ pub(crate) unsafe fn connect(
             real::set_sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, v);
         }
     };
-    let s = match crate::guarded(|| SmcStream::from_connected_with(stack, tcp)) {
+    let bufs = crate::sizes::take(fd);
+    let s = match crate::guarded(|| SmcStream::from_connected_sized(stack, tcp, bufs)) {
         Ok(s) => s,
         Err(e) => {
             restore();

@@ -127,6 +127,7 @@ pub unsafe extern "C" fn accept4(
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let removed = table::remove(fd);
+    sizes::forget(fd);
     let r = match real::close() {
         // SAFETY: the caller's argument.
         Some(f) => unsafe { f(fd) },
@@ -365,8 +366,10 @@ pub unsafe extern "C" fn getsockopt(
     }
 }
 
-/// setsockopt(2). On an SMC-R stream: SOL_SOCKET options go to the socketpair end
-/// (SO_RCVBUF/SO_SNDBUF size its buffers); IP/IPv6/TCP options are kept for getsockopt
+/// setsockopt(2). On a TCP socket before connect/listen: libc's, and SO_RCVBUF/SO_SNDBUF
+/// are remembered to size the SMC-R buffers ([`crate::sizes`]). On an SMC-R stream:
+/// SOL_SOCKET options go to the socketpair end (SO_RCVBUF/SO_SNDBUF size its buffers);
+/// IP/IPv6/TCP options are kept for getsockopt
 /// and have no effect (the pump sends at once, as with TCP_NODELAY). On a listener: the
 /// listening TCP socket's.
 ///
@@ -384,8 +387,17 @@ pub unsafe extern "C" fn setsockopt(
         return missing();
     };
     match table::lookup(fd) {
-        // SAFETY: the caller's arguments.
-        None => unsafe { f(fd, level, name, val, len) },
+        None => {
+            // SAFETY: the caller's arguments.
+            let r = unsafe { f(fd, level, name, val, len) };
+            if r == 0 && level == libc::SOL_SOCKET {
+                // SO_RCVBUF / SO_SNDBUF before connect()/listen() size SMC-R buffers.
+                let e = real::errno();
+                sizes::set(fd, name);
+                real::set_errno(e);
+            }
+            r
+        }
         // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
         Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
         Some(Entry::Stream(s)) => {

@@ -35,6 +35,8 @@ pub(crate) struct ListenerEntry {
     /// Our descriptor of the listening TCP socket: socket options go there, and the
     /// accept task of a process runs on a duplicate of it.
     pub tcp: OwnedFd,
+    /// SO_RCVBUF / SO_SNDBUF set before `listen()`: the accepted connections' buffers.
+    bufs: smc::BufSizes,
     state: Mutex<State>,
 }
 
@@ -178,6 +180,7 @@ fn adopt(stack: &'static Stack, fd: c_int) -> io::Result<SocketAddr> {
     let entry = Arc::new(ListenerEntry {
         local,
         tcp: ours,
+        bufs: crate::sizes::take(fd),
         state: Mutex::new(State::Idle),
     });
     let running = start_task(&entry, stack, feed)?;
@@ -204,8 +207,10 @@ fn adopt(stack: &'static Stack, fd: c_int) -> io::Result<SocketAddr> {
 fn start_task(entry: &ListenerEntry, stack: &'static Stack, feed: OwnedFd) -> io::Result<State> {
     let runtime_fd = dup_cloexec(entry.tcp.as_raw_fd())?;
     let runtime_tcp = runtime_fd.as_raw_fd();
-    let smc_l =
-        crate::guarded(|| SmcListener::from_listening_with(stack, TcpListener::from(runtime_fd)))?;
+    let bufs = entry.bufs;
+    let smc_l = crate::guarded(|| {
+        SmcListener::from_listening_sized(stack, TcpListener::from(runtime_fd), bufs)
+    })?;
     let local = entry.local;
     let feed_raw = feed.as_raw_fd();
     let task = crate::runtime().spawn(async move {
@@ -355,6 +360,7 @@ pub(crate) fn forked(old: &Arc<ListenerEntry>) -> Arc<ListenerEntry> {
     Arc::new(ListenerEntry {
         local: old.local,
         tcp,
+        bufs: old.bufs,
         state: Mutex::new(state),
     })
 }

@@ -76,14 +76,29 @@ fn socket_api_under_ld_preload() {
         String::from_utf8_lossy(&out.stderr)
     );
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
-    // Nine connections (blocking; non-blocking with poll and epoll; dup; two around a
-    // fork; one accepted by a forked child; urgent data; one accepted by a daemonized
-    // grandchild after its parent exited, one it opened), each seen by the connecting
-    // and the accepting side, each pump finished by the exit.
-    assert_eq!(count(" connect "), 9, "{log}");
-    assert_eq!(count(" accept "), 9, "{log}");
-    assert_eq!(count("mode=SMC-R info="), 18, "{log}");
-    assert_eq!(count(" close "), 18, "{log}");
+    // Ten connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child; urgent data; buffer sizes; one accepted by
+    // a daemonized grandchild after its parent exited, one it opened), each seen by the
+    // connecting and the accepting side, each pump finished by the exit.
+    assert_eq!(count(" connect "), 10, "{log}");
+    assert_eq!(count(" accept "), 10, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 20, "{log}");
+    assert_eq!(count(" close "), 20, "{log}");
+    // The sized connection: the client's SO_RCVBUF / SO_SNDBUF, the listener's SO_RCVBUF.
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains(" connect ") && l.ends_with(" rmb=65536 sndbuf=131072"))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains(" accept ") && l.contains(" rmb=32768 sndbuf="))
+            .count(),
+        1,
+        "{log}"
+    );
     assert_eq!(count("info=\"taken over\""), 1, "{log}");
     assert!(!log.contains("mode=TCP"), "{log}");
 }
@@ -467,6 +482,27 @@ fn child() {
     s9.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty(), "{rest:?}");
     drop(s9);
+
+    // 10. SO_RCVBUF / SO_SNDBUF set before connect() or listen() size the connection's
+    // RMB and send buffer (an accepted one's from its listener's), as Linux sizes an
+    // SMC socket's from sk_rcvbuf / sk_sndbuf; the parent finds the sizes in the
+    // stats lines.
+    let ls = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    ls.set_recv_buffer_size(32768).unwrap();
+    ls.bind(&SocketAddr::new(addr.ip(), 0).into()).unwrap();
+    ls.listen(8).unwrap();
+    let l10: TcpListener = ls.into();
+    let cs = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    cs.set_recv_buffer_size(65536).unwrap();
+    cs.set_send_buffer_size(131072).unwrap();
+    cs.connect(&l10.local_addr().unwrap().into()).unwrap();
+    let mut c10: TcpStream = cs.into();
+    let (mut s10, _) = l10.accept().unwrap();
+    c10.write_all(b"sized").unwrap();
+    echo_once(&mut s10);
+    c10.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"sized");
+    drop((c10, s10, l10));
 
     // 8. A server that daemonizes: a process listens, forks, and exits; its child,
     // accepting on the inherited listener, takes over the accept task once the
