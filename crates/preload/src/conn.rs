@@ -38,18 +38,33 @@ pub(crate) type SavedOpt = ((c_int, c_int), Vec<u8>);
 pub(crate) struct StreamEntry {
     pub local: SocketAddr,
     pub peer: SocketAddr,
-    /// Options at the IP/IPv6/TCP levels the application set (the socketpair end has
-    /// none): given back by getsockopt.
+    /// A descriptor of the connection's TCP socket (idle while SMC-R carries the data,
+    /// RFC 7609 §4.8): IP/IPv6/TCP-level options, SO_KEEPALIVE and TCP_INFO go to it,
+    /// as Linux SMC forwards them to its CLC socket. `None` if it could not be had.
+    pub tcp: Option<OwnedFd>,
+    /// Without `tcp`: the options at the IP/IPv6/TCP levels the application set (the
+    /// socketpair end has none), given back by getsockopt.
     pub opts: Mutex<Vec<SavedOpt>>,
 }
 
 impl StreamEntry {
-    pub(crate) fn new(local: SocketAddr, peer: SocketAddr) -> StreamEntry {
+    pub(crate) fn new(local: SocketAddr, peer: SocketAddr, tcp: Option<OwnedFd>) -> StreamEntry {
         StreamEntry {
             local,
             peer,
+            tcp,
             opts: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Where an option at (level, name) goes: the TCP socket for IP/IPv6/TCP levels and
+    /// SO_KEEPALIVE, else the socketpair end.
+    pub(crate) fn tcp_for(&self, level: c_int, name: c_int) -> Option<RawFd> {
+        let tcp_level = level != libc::SOL_SOCKET || name == libc::SO_KEEPALIVE;
+        self.tcp
+            .as_ref()
+            .filter(|_| tcp_level)
+            .map(|t| t.as_raw_fd())
     }
 }
 
@@ -512,8 +527,16 @@ pub(crate) unsafe fn connect(
     };
     let cloexec = real::fcntl_raw(fd, libc::F_GETFD, 0);
     let (local, peer) = (s.local_addr(), s.peer_addr());
+    // `fd` is still the TCP socket here: the entry keeps a descriptor of it.
+    let tcp = match real::dup_high(fd) {
+        d if d >= 0 => {
+            // SAFETY: `d` is a new descriptor nothing else owns.
+            Some(unsafe { OwnedFd::from_raw_fd(d) })
+        }
+        _ => None,
+    };
     let entry = match (local, peer) {
-        (Ok(l), Ok(p)) => Arc::new(StreamEntry::new(l, p)),
+        (Ok(l), Ok(p)) => Arc::new(StreamEntry::new(l, p, tcp)),
         (Err(e), _) | (_, Err(e)) => return real::fail(e.raw_os_error().unwrap_or(libc::EIO)),
     };
     let app = match start(s, "connect") {

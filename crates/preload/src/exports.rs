@@ -298,9 +298,10 @@ unsafe fn put_int(v: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     0
 }
 
-/// getsockopt(2). On an SMC-R stream: SO_DOMAIN/SO_PROTOCOL say TCP; other SOL_SOCKET
-/// options are the socketpair end's (SO_ERROR, SO_RCVBUF, ...); IP/IPv6/TCP options give
-/// back what was set (0 if never set). On a listener: the listening TCP socket's.
+/// getsockopt(2). On an SMC-R stream: SO_DOMAIN/SO_PROTOCOL say TCP; IP/IPv6/TCP
+/// options (TCP_INFO among them) and SO_KEEPALIVE are the connection's TCP socket's, as
+/// Linux SMC answers from its CLC socket; other SOL_SOCKET options are the socketpair
+/// end's (SO_ERROR, SO_RCVBUF, ...). On a listener: the listening TCP socket's.
 ///
 /// # Safety
 /// As for getsockopt(2).
@@ -321,6 +322,10 @@ pub unsafe extern "C" fn getsockopt(
         // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
         Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
         Some(Entry::Stream(s)) => {
+            if let Some(t) = s.tcp_for(level, name) {
+                // SAFETY: the caller's arguments, on the connection's TCP socket.
+                return unsafe { f(t, level, name, val, len) };
+            }
             if level == libc::SOL_SOCKET {
                 return match name {
                     libc::SO_DOMAIN => {
@@ -368,10 +373,12 @@ pub unsafe extern "C" fn getsockopt(
 
 /// setsockopt(2). On a TCP socket before connect/listen: libc's, and SO_RCVBUF/SO_SNDBUF
 /// are remembered to size the SMC-R buffers ([`crate::sizes`]). On an SMC-R stream:
-/// SOL_SOCKET options go to the socketpair end (SO_RCVBUF/SO_SNDBUF size its buffers);
-/// IP/IPv6/TCP options are kept for getsockopt
-/// and have no effect (the pump sends at once, as with TCP_NODELAY). On a listener: the
-/// listening TCP socket's.
+/// IP/IPv6/TCP options and SO_KEEPALIVE go to the connection's TCP socket (Linux SMC
+/// sets them on its CLC socket: TCP keepalive probes the idle connection, whose failure
+/// resets the SMC-R one); other SOL_SOCKET options go to the socketpair end
+/// (SO_RCVBUF/SO_SNDBUF size its buffers); without the TCP socket IP/IPv6/TCP options
+/// are kept for getsockopt. The pump sends at once, as with TCP_NODELAY. On a listener:
+/// the listening TCP socket's.
 ///
 /// # Safety
 /// As for setsockopt(2).
@@ -401,6 +408,10 @@ pub unsafe extern "C" fn setsockopt(
         // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
         Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
         Some(Entry::Stream(s)) => {
+            if let Some(t) = s.tcp_for(level, name) {
+                // SAFETY: the caller's arguments, on the connection's TCP socket.
+                return unsafe { f(t, level, name, val, len) };
+            }
             if level == libc::SOL_SOCKET {
                 // SAFETY: the caller's arguments on the socketpair end.
                 let r = unsafe { f(fd, level, name, val, len) };

@@ -281,6 +281,30 @@ fn child() {
     assert!(c3.nodelay().unwrap());
     let dom = socket2::SockRef::from(&c3).domain().unwrap();
     assert_eq!(dom, socket2::Domain::IPV4);
+    // TCP-level options, SO_KEEPALIVE and TCP_INFO are the connection's TCP socket's
+    // (as Linux SMC answers from its CLC socket), on both ends.
+    for sock in [socket2::SockRef::from(&c3), socket2::SockRef::from(&s3)] {
+        sock.set_keepalive(true).unwrap();
+        assert!(sock.keepalive().unwrap());
+        sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(Duration::from_secs(77)))
+            .unwrap();
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(77));
+        // SAFETY: an all-zero tcp_info is valid (plain integers).
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+        // SAFETY: getsockopt into a tcp_info of the given length.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+        assert_eq!(info.tcpi_state, 1, "TCP_ESTABLISHED");
+    }
     // SAFETY: dup of an open descriptor.
     let d = unsafe { libc::dup(c3.as_raw_fd()) };
     assert!(d >= 0);

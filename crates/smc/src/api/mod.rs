@@ -590,6 +590,23 @@ impl SmcStream {
         }
     }
 
+    /// A descriptor of the connection's TCP socket: the idle one of an SMC-R connection
+    /// (RFC 7609 §4.8: it stays open for the connection's life), the stream itself for
+    /// a fallback. For TCP-level socket options and `TCP_INFO`, as Linux SMC forwards
+    /// them to its CLC socket; writing to it would break the connection.
+    pub fn tcp_clone(&self) -> io::Result<TcpStream> {
+        match &self.inner {
+            Inner2::Smc(h) => match &h.conn.lock().tcp {
+                Some(t) => t.try_clone(),
+                None => Err(io::Error::new(
+                    ErrorKind::NotConnected,
+                    "the TCP connection is closed",
+                )),
+            },
+            Inner2::Tcp(t, _) => t.try_clone(),
+        }
+    }
+
     /// The connection's RMB and send buffer sizes in bytes (`None` for a fallback).
     pub fn buffer_sizes(&self) -> Option<(usize, usize)> {
         match &self.inner {
