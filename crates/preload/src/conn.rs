@@ -3,7 +3,7 @@
 //!
 //! The application's descriptor of an SMC-R connection is one end of an AF_UNIX
 //! socketpair; a task on this library's tokio runtime copies between the other end and
-//! the connection, both ways. So every call on that descriptor — read/write and their
+//! the connection, both ways (urgent data as AF_UNIX MSG_OOB). So every call on that descriptor — read/write and their
 //! vector and msg forms, MSG_PEEK/MSG_WAITALL/MSG_DONTWAIT, poll/select/epoll in every
 //! mode, FIONREAD, sendfile, splice, O_NONBLOCK — is the kernel's own, on a real socket,
 //! and readiness means what it says. The price is one more copy and a thread hand-off
@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use libc::{c_int, sockaddr, socklen_t};
 use smc::{SmcStream, Stack};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 
 use crate::real;
 use crate::report;
@@ -38,18 +38,33 @@ pub(crate) type SavedOpt = ((c_int, c_int), Vec<u8>);
 pub(crate) struct StreamEntry {
     pub local: SocketAddr,
     pub peer: SocketAddr,
-    /// Options at the IP/IPv6/TCP levels the application set (the socketpair end has
-    /// none): given back by getsockopt.
+    /// A descriptor of the connection's TCP socket (idle while SMC-R carries the data,
+    /// RFC 7609 §4.8): IP/IPv6/TCP-level options, SO_KEEPALIVE and TCP_INFO go to it,
+    /// as Linux SMC forwards them to its CLC socket. `None` if it could not be had.
+    pub tcp: Option<OwnedFd>,
+    /// Without `tcp`: the options at the IP/IPv6/TCP levels the application set (the
+    /// socketpair end has none), given back by getsockopt.
     pub opts: Mutex<Vec<SavedOpt>>,
 }
 
 impl StreamEntry {
-    pub(crate) fn new(local: SocketAddr, peer: SocketAddr) -> StreamEntry {
+    pub(crate) fn new(local: SocketAddr, peer: SocketAddr, tcp: Option<OwnedFd>) -> StreamEntry {
         StreamEntry {
             local,
             peer,
+            tcp,
             opts: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Where an option at (level, name) goes: the TCP socket for IP/IPv6/TCP levels and
+    /// SO_KEEPALIVE, else the socketpair end.
+    pub(crate) fn tcp_for(&self, level: c_int, name: c_int) -> Option<RawFd> {
+        let tcp_level = level != libc::SOL_SOCKET || name == libc::SO_KEEPALIVE;
+        self.tcp
+            .as_ref()
+            .filter(|_| tcp_level)
+            .map(|t| t.as_raw_fd())
     }
 }
 
@@ -65,6 +80,7 @@ struct Counters {
 pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
     let local = s.local_addr()?;
     let peer = s.peer_addr()?;
+    let (rmb, sndbuf) = s.buffer_sizes().unwrap_or_default();
     let (app, ours) = std::os::unix::net::UnixStream::pair()?;
     let ours = real::move_high(ours);
     ours.set_nonblocking(true)?;
@@ -104,7 +120,7 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
         ));
     });
     report::line(format_args!(
-        "{event} local={local} peer={peer} mode=SMC-R info=\"{mode}\""
+        "{event} local={local} peer={peer} mode=SMC-R info=\"{mode}\" rmb={rmb} sndbuf={sndbuf}"
     ));
     Ok(OwnedFd::from(app))
 }
@@ -125,47 +141,223 @@ fn peer_end_closed(fd: RawFd) -> bool {
     n == 1 && p.revents & libc::POLLHUP != 0
 }
 
+/// `SIOCATMARK` (asm-generic/sockios.h; not in the libc crate).
+const SIOCATMARK: libc::Ioctl = 0x8905;
+
+/// Whether the next byte on our end of the socketpair is the application's urgent
+/// byte (AF_UNIX `MSG_OOB`, Linux 5.15+: the queue's head is the OOB byte).
+fn at_mark(fd: RawFd) -> bool {
+    let mut v: c_int = 0;
+    // SAFETY: SIOCATMARK writes one int into `v`.
+    unsafe { libc::ioctl(fd, SIOCATMARK, &mut v) == 0 && v != 0 }
+}
+
+/// `recv(MSG_OOB)` of one byte, without waiting.
+fn recv_oob(fd: RawFd) -> Option<u8> {
+    let mut b = 0u8;
+    // SAFETY: receives at most one byte into `b`.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut b as *mut u8).cast(),
+            1,
+            libc::MSG_OOB | libc::MSG_DONTWAIT,
+        )
+    };
+    (n == 1).then_some(b)
+}
+
+/// What the application's end holds next.
+enum Up {
+    /// In-band data (the read's byte count), or end of file (0).
+    Data(usize),
+    /// Its urgent byte.
+    Urgent(u8),
+}
+
+/// One step of the application → SMC-R direction. Reads stop at an AF_UNIX OOB mark,
+/// but a read that *starts* at it drops the urgent byte; so a read happens only when
+/// the queue's head is known to be in-band data: a one-byte peek found data, and
+/// then the head was not the mark (only this task consumes; new data goes to the tail).
+async fn up_step(unix: &tokio::net::UnixStream, buf: &mut [u8]) -> io::Result<Up> {
+    let fd = unix.as_raw_fd();
+    loop {
+        unix.readable().await?;
+        let peeked = unix.try_io(tokio::io::Interest::READABLE, || {
+            let mut b = 0u8;
+            // SAFETY: peeks at most one byte into `b`.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    (&mut b as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n)
+            }
+        });
+        if at_mark(fd) {
+            // At the mark the OOB byte is there to take (our end is not OOBINLINE);
+            // reading in-band now would drop it. Once taken, SIOCATMARK stays true
+            // until the next in-band read (as on TCP) and recv(MSG_OOB) says EINVAL.
+            match recv_oob(fd) {
+                Some(b) => return Ok(Up::Urgent(b)),
+                None if real::errno() == libc::EINVAL => {}
+                None => return Err(io::Error::last_os_error()),
+            }
+        }
+        match peeked {
+            Ok(_) => match unix.try_read(buf) {
+                Ok(n) => return Ok(Up::Data(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            },
+            // Nothing in-band (an urgent byte alone was handled above).
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Writes all of `data` to our end of the socketpair.
+async fn unix_write_all(unix: &tokio::net::UnixStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        unix.writable().await?;
+        match unix.try_write(data) {
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The peer's urgent byte to the application, after the data before it: AF_UNIX
+/// `send(MSG_OOB)` puts the mark there (SIOCATMARK, POLLPRI and SIGURG on its end).
+async fn unix_send_oob(unix: &tokio::net::UnixStream, b: u8) -> io::Result<()> {
+    let fd = unix.as_raw_fd();
+    loop {
+        unix.writable().await?;
+        let r = unix.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: sends one byte from `b`.
+            let n = unsafe {
+                libc::send(
+                    fd,
+                    (&b as *const u8).cast(),
+                    1,
+                    libc::MSG_OOB | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+        match r {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What the SMC-R connection holds next.
+enum Down {
+    Data(usize),
+    Urgent(u8),
+}
+
 async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Counters) {
     let ufd = unix.as_raw_fd();
+    // Urgent data (RFC 7609 §4.7.5) crosses as AF_UNIX MSG_OOB on the socketpair.
+    let urgent = smc.urgent();
     let (mut sr, mut sw) = tokio::io::split(smc);
-    let (mut ur, mut uw) = unix.into_split();
+    let unix = &unix;
     // Application → SMC-R. Returns true when everything must end (the application
     // closed its descriptor, or the connection failed).
     let up = async {
         let mut buf = vec![0u8; CHUNK];
         loop {
-            match ur.read(&mut buf).await {
-                Ok(0) => {
+            match up_step(unix, &mut buf).await {
+                Ok(Up::Data(0)) => {
+                    tracing::debug!("application end: end of file");
                     if peer_end_closed(ufd) {
                         return true;
                     }
                     let _ = sw.shutdown().await;
                     return false;
                 }
-                Ok(n) => {
+                Ok(Up::Data(n)) => {
                     if sw.write_all(&buf[..n]).await.is_err() {
                         return true;
                     }
                     c.sent.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                Err(_) => return true,
+                Ok(Up::Urgent(b)) => {
+                    let sent = match &urgent {
+                        Some(u) => u.send(b).await,
+                        None => Err(io::ErrorKind::Unsupported.into()),
+                    };
+                    if let Err(e) = sent {
+                        tracing::debug!(error = %e, "cannot send the urgent byte");
+                        return true;
+                    }
+                    c.sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "application end failed");
+                    return true;
+                }
             }
         }
     };
-    // SMC-R → application.
+    // SMC-R → application. Reads stop at the peer's urgent mark; the byte is asked
+    // for after each read and whenever the connection wakes the reader.
     let down = async {
         let mut buf = vec![0u8; CHUNK];
         loop {
-            match sr.read(&mut buf).await {
-                Ok(0) => {
-                    let _ = uw.shutdown().await;
+            let step = std::future::poll_fn(|cx| {
+                let urgent_now = || urgent.as_ref().and_then(|u| u.take_at_mark());
+                if let Some(b) = urgent_now() {
+                    return std::task::Poll::Ready(Ok(Down::Urgent(b)));
+                }
+                let mut rb = tokio::io::ReadBuf::new(&mut buf);
+                match std::pin::Pin::new(&mut sr).poll_read(cx, &mut rb) {
+                    std::task::Poll::Ready(Ok(())) => {
+                        std::task::Poll::Ready(Ok(Down::Data(rb.filled().len())))
+                    }
+                    std::task::Poll::Ready(Err(e)) => std::task::Poll::Ready(Err(e)),
+                    // The waker is registered: an urgent byte that arrived meanwhile
+                    // is seen now or on the wake-up.
+                    std::task::Poll::Pending => match urgent_now() {
+                        Some(b) => std::task::Poll::Ready(Ok(Down::Urgent(b))),
+                        None => std::task::Poll::Pending,
+                    },
+                }
+            })
+            .await;
+            match step {
+                Ok(Down::Data(0)) => {
+                    // SAFETY: shuts down writing on our end (the application reads EOF).
+                    unsafe { libc::shutdown(ufd, libc::SHUT_WR) };
                     return false;
                 }
-                Ok(n) => {
-                    if uw.write_all(&buf[..n]).await.is_err() {
+                Ok(Down::Data(n)) => {
+                    if unix_write_all(unix, &buf[..n]).await.is_err() {
                         return true;
                     }
                     c.received.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Ok(Down::Urgent(b)) => {
+                    if unix_send_oob(unix, b).await.is_err() {
+                        return true;
+                    }
+                    c.received.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "SMC-R connection failed");
@@ -188,8 +380,8 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
             }
         }
     }
-    // Dropping the halves closes the SMC-R connection (RFC 7609 §4.8.1, or an abort
-    // with unread data) and our end of the socketpair.
+    // Dropping the halves (and the urgent handle) closes the SMC-R connection (RFC 7609
+    // §4.8.1, or an abort with unread data) and our end of the socketpair.
 }
 
 /// How long a non-blocking `connect()` waits for the TCP handshake before it leaves the
@@ -311,7 +503,8 @@ pub(crate) unsafe fn connect(
             real::set_sockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, v);
         }
     };
-    let s = match crate::guarded(|| SmcStream::from_connected_with(stack, tcp)) {
+    let bufs = crate::sizes::take(fd);
+    let s = match crate::guarded(|| SmcStream::from_connected_sized(stack, tcp, bufs)) {
         Ok(s) => s,
         Err(e) => {
             restore();
@@ -334,8 +527,16 @@ pub(crate) unsafe fn connect(
     };
     let cloexec = real::fcntl_raw(fd, libc::F_GETFD, 0);
     let (local, peer) = (s.local_addr(), s.peer_addr());
+    // `fd` is still the TCP socket here: the entry keeps a descriptor of it.
+    let tcp = match real::dup_high(fd) {
+        d if d >= 0 => {
+            // SAFETY: `d` is a new descriptor nothing else owns.
+            Some(unsafe { OwnedFd::from_raw_fd(d) })
+        }
+        _ => None,
+    };
     let entry = match (local, peer) {
-        (Ok(l), Ok(p)) => Arc::new(StreamEntry::new(l, p)),
+        (Ok(l), Ok(p)) => Arc::new(StreamEntry::new(l, p, tcp)),
         (Err(e), _) | (_, Err(e)) => return real::fail(e.raw_os_error().unwrap_or(libc::EIO)),
     };
     let app = match start(s, "connect") {

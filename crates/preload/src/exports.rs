@@ -127,6 +127,7 @@ pub unsafe extern "C" fn accept4(
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     let removed = table::remove(fd);
+    sizes::forget(fd);
     let r = match real::close() {
         // SAFETY: the caller's argument.
         Some(f) => unsafe { f(fd) },
@@ -297,9 +298,10 @@ unsafe fn put_int(v: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
     0
 }
 
-/// getsockopt(2). On an SMC-R stream: SO_DOMAIN/SO_PROTOCOL say TCP; other SOL_SOCKET
-/// options are the socketpair end's (SO_ERROR, SO_RCVBUF, ...); IP/IPv6/TCP options give
-/// back what was set (0 if never set). On a listener: the listening TCP socket's.
+/// getsockopt(2). On an SMC-R stream: SO_DOMAIN/SO_PROTOCOL say TCP; IP/IPv6/TCP
+/// options (TCP_INFO among them) and SO_KEEPALIVE are the connection's TCP socket's, as
+/// Linux SMC answers from its CLC socket; other SOL_SOCKET options are the socketpair
+/// end's (SO_ERROR, SO_RCVBUF, ...). On a listener: the listening TCP socket's.
 ///
 /// # Safety
 /// As for getsockopt(2).
@@ -320,6 +322,10 @@ pub unsafe extern "C" fn getsockopt(
         // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
         Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
         Some(Entry::Stream(s)) => {
+            if let Some(t) = s.tcp_for(level, name) {
+                // SAFETY: the caller's arguments, on the connection's TCP socket.
+                return unsafe { f(t, level, name, val, len) };
+            }
             if level == libc::SOL_SOCKET {
                 return match name {
                     libc::SO_DOMAIN => {
@@ -365,10 +371,14 @@ pub unsafe extern "C" fn getsockopt(
     }
 }
 
-/// setsockopt(2). On an SMC-R stream: SOL_SOCKET options go to the socketpair end
-/// (SO_RCVBUF/SO_SNDBUF size its buffers); IP/IPv6/TCP options are kept for getsockopt
-/// and have no effect (the pump sends at once, as with TCP_NODELAY). On a listener: the
-/// listening TCP socket's.
+/// setsockopt(2). On a TCP socket before connect/listen: libc's, and SO_RCVBUF/SO_SNDBUF
+/// are remembered to size the SMC-R buffers ([`crate::sizes`]). On an SMC-R stream:
+/// IP/IPv6/TCP options and SO_KEEPALIVE go to the connection's TCP socket (Linux SMC
+/// sets them on its CLC socket: TCP keepalive probes the idle connection, whose failure
+/// resets the SMC-R one); other SOL_SOCKET options go to the socketpair end
+/// (SO_RCVBUF/SO_SNDBUF size its buffers); without the TCP socket IP/IPv6/TCP options
+/// are kept for getsockopt. The pump sends at once, as with TCP_NODELAY. On a listener:
+/// the listening TCP socket's.
 ///
 /// # Safety
 /// As for setsockopt(2).
@@ -384,11 +394,24 @@ pub unsafe extern "C" fn setsockopt(
         return missing();
     };
     match table::lookup(fd) {
-        // SAFETY: the caller's arguments.
-        None => unsafe { f(fd, level, name, val, len) },
+        None => {
+            // SAFETY: the caller's arguments.
+            let r = unsafe { f(fd, level, name, val, len) };
+            if r == 0 && level == libc::SOL_SOCKET {
+                // SO_RCVBUF / SO_SNDBUF before connect()/listen() size SMC-R buffers.
+                let e = real::errno();
+                sizes::set(fd, name);
+                real::set_errno(e);
+            }
+            r
+        }
         // SAFETY: the caller's arguments, on our descriptor of the TCP socket.
         Some(Entry::Listener(l)) => unsafe { f(l.tcp.as_raw_fd(), level, name, val, len) },
         Some(Entry::Stream(s)) => {
+            if let Some(t) = s.tcp_for(level, name) {
+                // SAFETY: the caller's arguments, on the connection's TCP socket.
+                return unsafe { f(t, level, name, val, len) };
+            }
             if level == libc::SOL_SOCKET {
                 // SAFETY: the caller's arguments on the socketpair end.
                 let r = unsafe { f(fd, level, name, val, len) };

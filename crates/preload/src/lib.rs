@@ -39,6 +39,7 @@ mod conn;
 mod listen;
 mod real;
 mod report;
+mod sizes;
 mod table;
 
 use std::cell::Cell;

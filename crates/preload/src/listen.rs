@@ -35,6 +35,8 @@ pub(crate) struct ListenerEntry {
     /// Our descriptor of the listening TCP socket: socket options go there, and the
     /// accept task of a process runs on a duplicate of it.
     pub tcp: OwnedFd,
+    /// SO_RCVBUF / SO_SNDBUF set before `listen()`: the accepted connections' buffers.
+    bufs: smc::BufSizes,
     state: Mutex<State>,
 }
 
@@ -178,6 +180,7 @@ fn adopt(stack: &'static Stack, fd: c_int) -> io::Result<SocketAddr> {
     let entry = Arc::new(ListenerEntry {
         local,
         tcp: ours,
+        bufs: crate::sizes::take(fd),
         state: Mutex::new(State::Idle),
     });
     let running = start_task(&entry, stack, feed)?;
@@ -204,8 +207,10 @@ fn adopt(stack: &'static Stack, fd: c_int) -> io::Result<SocketAddr> {
 fn start_task(entry: &ListenerEntry, stack: &'static Stack, feed: OwnedFd) -> io::Result<State> {
     let runtime_fd = dup_cloexec(entry.tcp.as_raw_fd())?;
     let runtime_tcp = runtime_fd.as_raw_fd();
-    let smc_l =
-        crate::guarded(|| SmcListener::from_listening_with(stack, TcpListener::from(runtime_fd)))?;
+    let bufs = entry.bufs;
+    let smc_l = crate::guarded(|| {
+        SmcListener::from_listening_sized(stack, TcpListener::from(runtime_fd), bufs)
+    })?;
     let local = entry.local;
     let feed_raw = feed.as_raw_fd();
     let task = crate::runtime().spawn(async move {
@@ -355,6 +360,7 @@ pub(crate) fn forked(old: &Arc<ListenerEntry>) -> Arc<ListenerEntry> {
     Arc::new(ListenerEntry {
         local: old.local,
         tcp,
+        bufs: old.bufs,
         state: Mutex::new(state),
     })
 }
@@ -376,31 +382,35 @@ fn decode(msg: &[u8]) -> Option<(bool, SocketAddr, SocketAddr)> {
     Some((smc, it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
-/// Room for one descriptor's control message.
+/// Room for the control message of two descriptors.
 const CMSG_ROOM: usize = 64;
 
-/// sendmsg of `msg` with `fd` attached.
-fn send_fd(sock: RawFd, msg: &[u8], fd: RawFd) -> io::Result<()> {
+/// sendmsg of `msg` with `fds` (one or two) attached.
+fn send_fds(sock: RawFd, msg: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    assert!((1..=2).contains(&fds.len()));
     let mut iov = libc::iovec {
         iov_base: msg.as_ptr() as *mut libc::c_void,
         iov_len: msg.len(),
     };
     let mut cbuf = [0u64; CMSG_ROOM / 8];
+    let data_len = std::mem::size_of_val(fds) as u32;
     // SAFETY: a zeroed msghdr is valid; the fields set below point to live buffers.
     let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
     h.msg_iov = &mut iov;
     h.msg_iovlen = 1;
     h.msg_control = cbuf.as_mut_ptr().cast();
     // SAFETY: CMSG_SPACE is arithmetic.
-    h.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) } as usize;
-    // SAFETY: the control buffer (64 bytes, 8-aligned) holds one cmsghdr with one int,
-    // which CMSG_FIRSTHDR/CMSG_DATA address inside it.
+    h.msg_controllen = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+    // SAFETY: the control buffer (64 bytes, 8-aligned) holds one cmsghdr with at most
+    // two ints, which CMSG_FIRSTHDR/CMSG_DATA address inside it.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&h);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>(), fd);
+        (*c).cmsg_len = libc::CMSG_LEN(data_len) as usize;
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>().add(i), *fd);
+        }
     }
     // SAFETY: `h` describes valid buffers.
     let n = unsafe { libc::sendmsg(sock, &h, libc::MSG_NOSIGNAL) };
@@ -411,9 +421,9 @@ fn send_fd(sock: RawFd, msg: &[u8], fd: RawFd) -> io::Result<()> {
     }
 }
 
-/// recvmsg of one message and its descriptor (close-on-exec): blocks or not as the
-/// descriptor is set.
-fn recv_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+/// recvmsg of one message and its descriptors (close-on-exec; at most two are kept, any
+/// more are closed): blocks or not as the descriptor is set.
+fn recv_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -430,37 +440,46 @@ fn recv_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> 
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut fd = None;
-    // SAFETY: the kernel filled `h.msg_control`; CMSG_FIRSTHDR/NXTHDR walk inside it.
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled `h.msg_control`; CMSG_FIRSTHDR/NXTHDR walk inside it,
+    // and CMSG_DATA holds (cmsg_len - CMSG_LEN(0)) / 4 ints.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&h);
         while !c.is_null() {
             if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<c_int>());
-                // The kernel installed `raw` in this process for us.
-                fd = Some(OwnedFd::from_raw_fd(raw));
+                let count =
+                    ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<c_int>();
+                for i in 0..count {
+                    let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<c_int>().add(i));
+                    // The kernel installed `raw` in this process for us.
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
             }
             c = libc::CMSG_NXTHDR(&h, c);
         }
     }
-    Ok((n as usize, fd))
+    fds.truncate(2);
+    Ok((n as usize, fds))
 }
 
 async fn accept_loop(l: smc::tokio::SmcListener, feed: AsyncFd<OwnedFd>, local: SocketAddr) {
     loop {
         let (s, peer) = l.accept_std().await;
-        let (fd, msg) = match s.into_fallback() {
+        // An SMC-R connection's idle TCP socket goes along: socket options and TCP_INFO
+        // of the accepted descriptor are its (conn::StreamEntry).
+        let (fd, tcp, msg) = match s.into_fallback() {
             Ok((tcp, reason)) => {
                 let local = tcp.local_addr().unwrap_or(local);
                 report::line(format_args!(
                     "accept local={local} peer={peer} mode=TCP info=\"{reason}\""
                 ));
-                (OwnedFd::from(tcp), encode(false, &local, &peer))
+                (OwnedFd::from(tcp), None, encode(false, &local, &peer))
             }
             Err(s) => {
                 let local = s.local_addr().unwrap_or(local);
+                let tcp = s.tcp_clone().ok().map(OwnedFd::from);
                 match conn::start(s, "accept") {
-                    Ok(fd) => (fd, encode(true, &local, &peer)),
+                    Ok(fd) => (fd, tcp, encode(true, &local, &peer)),
                     Err(e) => {
                         tracing::warn!(%peer, error = %e, "cannot hand an SMC-R connection over");
                         continue;
@@ -474,7 +493,9 @@ async fn accept_loop(l: smc::tokio::SmcListener, feed: AsyncFd<OwnedFd>, local: 
                 Ok(g) => g,
                 Err(_) => return,
             };
-            match guard.try_io(|f| send_fd(f.as_raw_fd(), msg.as_bytes(), fd.as_raw_fd())) {
+            let mut fds = vec![fd.as_raw_fd()];
+            fds.extend(tcp.as_ref().map(|t| t.as_raw_fd()));
+            match guard.try_io(|f| send_fds(f.as_raw_fd(), msg.as_bytes(), &fds)) {
                 Ok(Ok(())) => break,
                 Ok(Err(e)) => match e.raw_os_error() {
                     // Every descriptor of the application's end is closed: nobody will
@@ -526,14 +547,15 @@ pub(crate) unsafe fn accept(
 ) -> c_int {
     waited_on(entry);
     let mut buf = [0u8; 160];
-    let (got, local, peer, smc) = loop {
-        let (n, got) = match recv_fd(fd, &mut buf) {
+    let (got, tcp, local, peer, smc) = loop {
+        let (n, mut fds) = match recv_fds(fd, &mut buf) {
             Ok(x) => x,
             Err(e) => return real::fail(e.raw_os_error().unwrap_or(libc::EIO)),
         };
-        match (got, decode(&buf[..n])) {
-            (Some(got), Some((smc, local, peer))) => break (got, local, peer, smc),
-            // Not one of ours (nothing else writes there); its descriptor, if any, is
+        let tcp = (fds.len() == 2).then(|| fds.pop()).flatten();
+        match (fds.pop(), decode(&buf[..n])) {
+            (Some(got), Some((smc, local, peer))) => break (got, tcp, local, peer, smc),
+            // Not one of ours (nothing else writes there); its descriptors, if any, are
             // closed with it.
             _ => continue,
         }
@@ -542,7 +564,7 @@ pub(crate) unsafe fn accept(
     // SAFETY: the caller's buffer.
     unsafe { write_addr(&peer, addr, len) };
     if smc {
-        let entry = Arc::new(StreamEntry::new(local, peer));
+        let entry = Arc::new(StreamEntry::new(local, peer, tcp.map(real::move_high)));
         drop(table::insert(got.as_raw_fd(), table::Entry::Stream(entry)));
     }
     conn::into_app(got)
@@ -574,9 +596,15 @@ mod tests {
     fn a_descriptor_crosses_the_socketpair() {
         let (a, b) = std::os::unix::net::UnixDatagram::pair().unwrap();
         let f = std::fs::File::open("/dev/null").unwrap();
-        send_fd(a.as_raw_fd(), b"T 127.0.0.1:1 127.0.0.1:2", f.as_raw_fd()).unwrap();
+        send_fds(
+            a.as_raw_fd(),
+            b"T 127.0.0.1:1 127.0.0.1:2",
+            &[f.as_raw_fd()],
+        )
+        .unwrap();
         let mut buf = [0u8; 64];
-        let (n, fd) = recv_fd(b.as_raw_fd(), &mut buf).unwrap();
+        let (n, mut fds) = recv_fds(b.as_raw_fd(), &mut buf).unwrap();
+        let fd = fds.pop();
         assert_eq!(&buf[..n], b"T 127.0.0.1:1 127.0.0.1:2");
         let fd = fd.expect("a descriptor");
         assert_ne!(fd.as_raw_fd(), f.as_raw_fd());

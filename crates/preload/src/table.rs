@@ -59,7 +59,7 @@ fn marked(fd: c_int) -> bool {
 }
 
 /// Device and inode of the file `fd` refers to.
-fn file_of(fd: c_int) -> Option<(u64, u64)> {
+pub(crate) fn file_of(fd: c_int) -> Option<(u64, u64)> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `st` is valid for a struct stat; fstat fills it on success.
     if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {

@@ -4,7 +4,8 @@
 //! non-blocking connect/accept, poll, level- and edge-triggered epoll, MSG_PEEK, shutdown, dup, socket
 //! options, getsockname/getpeername, FIONREAD, a forked child writing on an inherited
 //! descriptor, a forked child accepting on an inherited listener, a daemonizing server
-//! (listen, fork, exit: the child takes over) and a forked child's own connection — over SMC-R between a listener and clients in the one process (one stack
+//! (listen, fork, exit: the child takes over), a forked child's own connection and urgent
+//! data (MSG_OOB, SIOCATMARK, POLLPRI) both ways — over SMC-R between a listener and clients in the one process (one stack
 //! talks to itself, SMC_RS_SKIP_TCP_OPTION, no eBPF). The parent checks the child's exit
 //! status and the SMC_RS_STATS lines: every connection SMC-R on both ends.
 
@@ -75,14 +76,29 @@ fn socket_api_under_ld_preload() {
         String::from_utf8_lossy(&out.stderr)
     );
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
-    // Eight connections (blocking; non-blocking with poll and epoll; dup; two around a
-    // fork; one accepted by a forked child; one accepted by a daemonized grandchild
-    // after its parent exited, one it opened), each seen by the connecting and the
-    // accepting side, each pump finished by the exit.
-    assert_eq!(count(" connect "), 8, "{log}");
-    assert_eq!(count(" accept "), 8, "{log}");
-    assert_eq!(count("mode=SMC-R info="), 16, "{log}");
-    assert_eq!(count(" close "), 16, "{log}");
+    // Ten connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child; urgent data; buffer sizes; one accepted by
+    // a daemonized grandchild after its parent exited, one it opened), each seen by the
+    // connecting and the accepting side, each pump finished by the exit.
+    assert_eq!(count(" connect "), 10, "{log}");
+    assert_eq!(count(" accept "), 10, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 20, "{log}");
+    assert_eq!(count(" close "), 20, "{log}");
+    // The sized connection: the client's SO_RCVBUF / SO_SNDBUF, the listener's SO_RCVBUF.
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains(" connect ") && l.ends_with(" rmb=65536 sndbuf=131072"))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains(" accept ") && l.contains(" rmb=32768 sndbuf="))
+            .count(),
+        1,
+        "{log}"
+    );
     assert_eq!(count("info=\"taken over\""), 1, "{log}");
     assert!(!log.contains("mode=TCP"), "{log}");
 }
@@ -265,6 +281,30 @@ fn child() {
     assert!(c3.nodelay().unwrap());
     let dom = socket2::SockRef::from(&c3).domain().unwrap();
     assert_eq!(dom, socket2::Domain::IPV4);
+    // TCP-level options, SO_KEEPALIVE and TCP_INFO are the connection's TCP socket's
+    // (as Linux SMC answers from its CLC socket), on both ends.
+    for sock in [socket2::SockRef::from(&c3), socket2::SockRef::from(&s3)] {
+        sock.set_keepalive(true).unwrap();
+        assert!(sock.keepalive().unwrap());
+        sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(Duration::from_secs(77)))
+            .unwrap();
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(77));
+        // SAFETY: an all-zero tcp_info is valid (plain integers).
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+        // SAFETY: getsockopt into a tcp_info of the given length.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "TCP_INFO: {}", std::io::Error::last_os_error());
+        assert_eq!(info.tcpi_state, 1, "TCP_ESTABLISHED");
+    }
     // SAFETY: dup of an open descriptor.
     let d = unsafe { libc::dup(c3.as_raw_fd()) };
     assert!(d >= 0);
@@ -409,6 +449,84 @@ fn child() {
         libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
         "child status {st}"
     );
+
+    // 9. Urgent data both ways (MSG_OOB, RFC 7609 §4.7.5): the receiver reads up to the
+    // mark, SIOCATMARK says it is there, POLLPRI announces it, recv(MSG_OOB) gets it,
+    // and the data after it follows in-band.
+    let c9 = TcpStream::connect(addr).unwrap();
+    let (mut s9, _) = l.accept().unwrap();
+    for (mut tx, mut rx) in [(&c9, &s9), (&s9, &c9)] {
+        tx.write_all(b"ab").unwrap();
+        // SAFETY: sends one byte from our buffer.
+        assert_eq!(
+            unsafe { libc::send(tx.as_raw_fd(), b"!".as_ptr().cast(), 1, libc::MSG_OOB) },
+            1
+        );
+        tx.write_all(b"cd").unwrap();
+        assert_ne!(
+            poll1(rx.as_raw_fd(), libc::POLLPRI, 10_000) & libc::POLLPRI,
+            0,
+            "POLLPRI"
+        );
+        let mut two = [0u8; 2];
+        rx.read_exact(&mut two).unwrap();
+        assert_eq!(&two, b"ab", "reads stop at the mark");
+        let mut mark: libc::c_int = 0;
+        // SAFETY: SIOCATMARK writes one int.
+        assert_eq!(unsafe { libc::ioctl(rx.as_raw_fd(), 0x8905, &mut mark) }, 0);
+        assert_eq!(mark, 1, "SIOCATMARK at the urgent byte");
+        let mut u = 0u8;
+        // SAFETY: receives one byte into `u`.
+        let n = unsafe { libc::recv(rx.as_raw_fd(), (&mut u as *mut u8).cast(), 1, libc::MSG_OOB) };
+        assert_eq!(
+            (n, u),
+            (1, b'!'),
+            "recv(MSG_OOB): {}",
+            std::io::Error::last_os_error()
+        );
+        rx.read_exact(&mut two).unwrap();
+        assert_eq!(&two, b"cd", "in-band data after the mark");
+    }
+    // An urgent byte alone, with nothing before or after it.
+    // SAFETY: sends one byte from our buffer.
+    assert_eq!(
+        unsafe { libc::send(c9.as_raw_fd(), b"?".as_ptr().cast(), 1, libc::MSG_OOB) },
+        1
+    );
+    assert_ne!(
+        poll1(s9.as_raw_fd(), libc::POLLPRI, 10_000) & libc::POLLPRI,
+        0
+    );
+    let mut u = 0u8;
+    // SAFETY: receives one byte into `u`.
+    let n = unsafe { libc::recv(s9.as_raw_fd(), (&mut u as *mut u8).cast(), 1, libc::MSG_OOB) };
+    assert_eq!((n, u), (1, b'?'));
+    drop(c9);
+    let mut rest = Vec::new();
+    s9.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    drop(s9);
+
+    // 10. SO_RCVBUF / SO_SNDBUF set before connect() or listen() size the connection's
+    // RMB and send buffer (an accepted one's from its listener's), as Linux sizes an
+    // SMC socket's from sk_rcvbuf / sk_sndbuf; the parent finds the sizes in the
+    // stats lines.
+    let ls = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    ls.set_recv_buffer_size(32768).unwrap();
+    ls.bind(&SocketAddr::new(addr.ip(), 0).into()).unwrap();
+    ls.listen(8).unwrap();
+    let l10: TcpListener = ls.into();
+    let cs = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    cs.set_recv_buffer_size(65536).unwrap();
+    cs.set_send_buffer_size(131072).unwrap();
+    cs.connect(&l10.local_addr().unwrap().into()).unwrap();
+    let mut c10: TcpStream = cs.into();
+    let (mut s10, _) = l10.accept().unwrap();
+    c10.write_all(b"sized").unwrap();
+    echo_once(&mut s10);
+    c10.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"sized");
+    drop((c10, s10, l10));
 
     // 8. A server that daemonizes: a process listens, forks, and exits; its child,
     // accepting on the inherited listener, takes over the accept task once the

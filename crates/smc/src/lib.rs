@@ -37,6 +37,7 @@ pub use smc_proto::{clc, conn, endpoint, llc};
 pub use api::tokio;
 pub use api::{Mode, SmcListener, SmcStream};
 pub use clc::FallbackReason;
+pub use endpoint::BufSizes;
 pub use runtime::{
     BufferSizes, ConnInfo, LinkGroupId, LinkGroupInfo, LinkListing, Stack, StackConfig, Stats,
 };

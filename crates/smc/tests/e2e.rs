@@ -8,6 +8,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
+use smc::{BufSizes, SmcStream};
 
 #[test]
 fn first_contact_data_both_ways_and_close() {
@@ -342,4 +343,66 @@ fn adopted_sockets_reach_smc_r() {
     assert_eq!(&b, b"tcp!");
     drop(tcp);
     t.join().unwrap();
+}
+
+/// Per-connection buffer sizes (what SO_RCVBUF / SO_SNDBUF ask for): a client's own RMB
+/// and send buffer, a listener's for the connections it accepts, rounded up to 16 KiB ×
+/// 2^n; a freed RMB is reused only for a connection of its size.
+#[test]
+fn per_connection_buffer_sizes() {
+    let (srv, cli) = pair();
+    let tcp_l = std::net::TcpListener::bind((server_ip().as_str(), 0)).unwrap();
+    let addr = tcp_l.local_addr().unwrap();
+    let sized = BufSizes {
+        rmb: Some(32 * 1024),
+        sndbuf: None,
+    };
+    let l = smc::SmcListener::from_listening_sized(&srv, tcp_l, sized).unwrap();
+    let connect = |bufs: BufSizes| {
+        // From the client stack's address (the server's CLC policy names it).
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let from: std::net::SocketAddr = format!("{}:0", client_ip()).parse().unwrap();
+        sock.bind(&from.into()).unwrap();
+        sock.connect(&addr.into()).unwrap();
+        let tcp: std::net::TcpStream = sock.into();
+        let c = SmcStream::from_connected_sized(&cli, tcp, bufs).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    };
+    let want = BufSizes {
+        rmb: Some(50_000),
+        sndbuf: Some(20_000),
+    };
+    let (c, s) = connect(want);
+    assert!(c.mode().is_smc(), "{}", c.mode());
+    assert_eq!(c.buffer_sizes(), Some((64 * 1024, 32 * 1024)), "rounded up");
+    let stack_sndbuf = srv.config().sndbuf_size;
+    assert_eq!(
+        s.buffer_sizes(),
+        Some((32 * 1024, stack_sndbuf)),
+        "the listener's"
+    );
+    // Data crosses the small buffers intact.
+    let data = pattern(7, 1 << 20);
+    let send = std::thread::spawn({
+        let d = data.clone();
+        move || {
+            let mut c = c;
+            c.write_all(&d).unwrap();
+            c
+        }
+    });
+    let mut got = vec![0u8; data.len()];
+    let mut sr = &s;
+    sr.read_exact(&mut got).unwrap();
+    assert!(got == data);
+    let c = send.join().unwrap();
+    drop((c, s));
+    // The freed 64 KiB RMB is not handed to a default-sized connection.
+    let (c2, s2) = connect(BufSizes::default());
+    assert_eq!(c2.buffer_sizes().map(|b| b.0), Some(cli.config().rmb_size));
+    let (c3, s3) = connect(want);
+    assert_eq!(c3.buffer_sizes(), Some((64 * 1024, 32 * 1024)));
+    drop((c2, s2, c3, s3));
 }

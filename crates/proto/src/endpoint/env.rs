@@ -5,7 +5,7 @@ use ::core::net::IpAddr;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use smc_wire::common::{Gid, PeerId};
+use smc_wire::common::{BufSize, Gid, PeerId};
 use smc_wire::decline::DeclineCode;
 use tracing::{info, warn};
 
@@ -28,6 +28,8 @@ pub(super) struct Env<'a> {
     peer: IpAddr,
     lgr_refs: &'a mut Vec<LgrId>,
     now: Instant,
+    /// This connection's RMB size, if not the endpoint's.
+    rmb_size: Option<BufSize>,
 }
 
 impl<'a> Env<'a> {
@@ -41,6 +43,7 @@ impl<'a> Env<'a> {
         peer: IpAddr,
         lgr_refs: &'a mut Vec<LgrId>,
         now: Instant,
+        rmb_size: Option<BufSize>,
     ) -> Env<'a> {
         Env {
             ep,
@@ -51,6 +54,7 @@ impl<'a> Env<'a> {
             peer,
             lgr_refs,
             now,
+            rmb_size,
         }
     }
 
@@ -392,7 +396,7 @@ impl ClcEnv for Env<'_> {
         link: clc::LinkId,
         first_contact: bool,
     ) -> Result<RmbAlloc, DeclineCode> {
-        let size = self.ep.rmb_size;
+        let size = self.rmb_size.unwrap_or(self.ep.rmb_size);
         let token = self.host.alloc_token(lgr).ok_or(DeclineCode::MEM)?;
         let res = self.rmb_for(lgr, link, size.bytes(), first_contact);
         let (id, needs_confirm, tok) = match res {
@@ -497,7 +501,11 @@ impl Env<'_> {
         first_contact: bool,
     ) -> Result<(u32, bool, llc::RToken), DeclineCode> {
         let g = self.ep.lgrs.get_mut(&lgr).ok_or(DeclineCode::INTERR)?;
-        if let Some(id) = g.free_rmbs.pop() {
+        let reusable = g
+            .free_rmbs
+            .iter()
+            .rposition(|id| g.rmbs.get(id).is_some_and(|r| r.size == size));
+        if let Some(id) = reusable.map(|i| g.free_rmbs.remove(i)) {
             let tok = g.rmbs.get(&id).and_then(|r| r.tokens.get(&link)).copied();
             let Some(tok) = tok else {
                 // Not on this link (cannot happen while every RMB is on every link).
@@ -541,6 +549,7 @@ impl Env<'_> {
         g.rmbs.insert(
             id,
             Rmb {
+                size,
                 tokens,
                 token: None,
                 in_use: false,

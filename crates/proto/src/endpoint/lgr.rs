@@ -14,6 +14,9 @@ use crate::llc::{self, DeviceId, LinkGroup, LlcConfig, QpInfo, RToken};
 
 /// One RMB (one element per RMB, index 1, like Linux).
 pub(super) struct Rmb {
+    /// Its size in bytes: a freed RMB is reused only for a connection of that size
+    /// (sizes differ per connection, BufSizes).
+    pub size: usize,
     /// Its RToken on every link it is registered on.
     pub tokens: BTreeMap<llc::LinkId, RToken>,
     /// The alert token of the connection using it.

@@ -69,6 +69,18 @@ pub use self::lgr::{LgrListing, LinkListing};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TcpId(pub u64);
 
+/// One connection's buffer sizes, where they differ from [`EndpointConfig::rmb_size`]
+/// and [`EndpointConfig::sndbuf_size`]: what a socket's SO_RCVBUF and SO_SNDBUF ask
+/// for (Linux sizes an SMC socket's RMB and send buffer from sk_rcvbuf and sk_sndbuf).
+/// The RMB size is rounded up to the compressed notation (RFC 7609 A.2.3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BufSizes {
+    /// RMB element bytes.
+    pub rmb: Option<usize>,
+    /// Send buffer bytes.
+    pub sndbuf: Option<u32>,
+}
+
 /// What the endpoint is configured with.
 #[derive(Clone, Debug)]
 pub struct EndpointConfig {
@@ -453,10 +465,11 @@ impl Endpoint {
         route: ClientRoute,
         eligibility: Eligibility,
         device: Option<DeviceId>,
+        bufs: BufSizes,
     ) {
         let m = Rendezvous::client(now, &self.cfg.clc, route, eligibility);
         self.rdvs
-            .insert(tcp, Rdv::new(m, local, peer, device, true));
+            .insert(tcp, Rdv::new(m, local, peer, device, true, bufs));
         self.step(now, host, tcp, |_, _| {});
         self.settle(now, host);
     }
@@ -474,10 +487,11 @@ impl Endpoint {
         route: ServerRoute,
         eligibility: Eligibility,
         device: Option<DeviceId>,
+        bufs: BufSizes,
     ) {
         let m = Rendezvous::server(now, &self.cfg.clc, route, eligibility);
         self.rdvs
-            .insert(tcp, Rdv::new(m, local, peer, device, false));
+            .insert(tcp, Rdv::new(m, local, peer, device, false, bufs));
         self.step(now, host, tcp, |_, _| {});
         self.settle(now, host);
     }

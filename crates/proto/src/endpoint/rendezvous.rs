@@ -4,11 +4,12 @@
 use ::core::net::IpAddr;
 use std::time::Instant;
 
+use smc_wire::common::BufSize;
 use smc_wire::decline::DeclineCode;
 use tracing::{debug, info, warn};
 
 use super::env::Env;
-use super::{ConnEntry, Endpoint, Host, NewConn, Output, RendezvousOutcome, TcpId};
+use super::{BufSizes, ConnEntry, Endpoint, Host, NewConn, Output, RendezvousOutcome, TcpId};
 use crate::clc::{self, LgrId, LinkEvent, Outcome, Output as ClcOutput, Rendezvous};
 use crate::conn::{ConnParams, RmbeGeometry};
 use crate::llc::{self, DeviceId, RToken};
@@ -30,6 +31,8 @@ pub(super) struct Rdv {
     /// Link groups this rendezvous holds a reference on (idle accounting).
     pub lgr_refs: Vec<LgrId>,
     pub done: bool,
+    /// The connection's buffer sizes (the endpoint's where `None`).
+    pub bufs: BufSizes,
 }
 
 impl Rdv {
@@ -39,6 +42,7 @@ impl Rdv {
         peer: IpAddr,
         device: Option<DeviceId>,
         started: bool,
+        bufs: BufSizes,
     ) -> Rdv {
         Rdv {
             machine,
@@ -48,6 +52,7 @@ impl Rdv {
             started,
             lgr_refs: Vec::new(),
             done: false,
+            bufs,
         }
     }
 }
@@ -67,7 +72,13 @@ impl Endpoint {
         };
         let mut refs = std::mem::take(&mut r.lgr_refs);
         {
-            let mut env = Env::new(self, host, tcp, r.device, r.local, r.peer, &mut refs, now);
+            let rmb = r
+                .bufs
+                .rmb
+                .map(|n| BufSize::encode(n, BufSize::LINUX_MAX_CODE));
+            let mut env = Env::new(
+                self, host, tcp, r.device, r.local, r.peer, &mut refs, now, rmb,
+            );
             f(&mut r, &mut env);
         }
         r.lgr_refs = refs;
@@ -158,7 +169,7 @@ impl Endpoint {
     /// A finished rendezvous: the connection's entry and [`Output::Rendezvous`].
     fn finish(&mut self, host: &mut dyn Host, tcp: TcpId, r: &Rdv, outcome: Outcome, now: Instant) {
         let outcome = match outcome {
-            Outcome::Smc(est) => match self.new_conn(&est) {
+            Outcome::Smc(est) => match self.new_conn(&est, r.bufs.sndbuf) {
                 Ok(c) => {
                     self.counters.smc_total += 1;
                     if est.contact.is_first() {
@@ -221,7 +232,11 @@ impl Endpoint {
     }
 
     /// The connection's entry in its link group, and what the host needs to create it.
-    fn new_conn(&mut self, est: &clc::SmcEstablished) -> Result<NewConn, String> {
+    fn new_conn(
+        &mut self,
+        est: &clc::SmcEstablished,
+        sndbuf: Option<u32>,
+    ) -> Result<NewConn, String> {
         let g = self.lgrs.get_mut(&est.lgr).ok_or("link group vanished")?;
         let link = est.link;
         if !g.links.contains_key(&link) {
@@ -245,7 +260,10 @@ impl Endpoint {
         let params = ConnParams::new(
             local,
             peer,
-            self.cfg.sndbuf_size,
+            // Rounded as the RMB (Linux compresses both sizes, smc_compress_bufsize).
+            sndbuf
+                .map(|n| BufSize::encode(n as usize, BufSize::LINUX_MAX_CODE).bytes() as u32)
+                .unwrap_or(self.cfg.sndbuf_size),
             token,
             est.peer_rmb.alert_token,
         );

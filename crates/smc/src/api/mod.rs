@@ -22,6 +22,7 @@ use tracing::debug;
 
 use crate::clc::FallbackReason;
 use crate::conn::{ConnError, OobError};
+use crate::endpoint::BufSizes;
 use crate::runtime::conn::ConnState;
 use crate::runtime::{
     register_client, register_listener, ConnShared, ConnectSlot, Established, Inbox, Inner,
@@ -343,9 +344,9 @@ impl SmcHandle {
         }
     }
 
-    fn send_urgent(&self, byte: u8) -> io::Result<()> {
+    pub(crate) fn send_urgent(&self, byte: u8, wait: Option<Wait>) -> io::Result<()> {
         let mut st = self.conn.lock();
-        let wait = self.write_wait(&st);
+        let wait = wait.unwrap_or_else(|| self.write_wait(&st));
         loop {
             if let Some(e) = st.conn.error() {
                 return Err(io_err(e));
@@ -362,7 +363,7 @@ impl SmcHandle {
         }
     }
 
-    fn recv_urgent(&self) -> io::Result<u8> {
+    pub(crate) fn recv_urgent(&self) -> io::Result<u8> {
         let mut st = self.conn.lock();
         let r = st.conn.read_oob();
         self.conn.drive(&mut st, Instant::now());
@@ -451,7 +452,12 @@ pub(crate) fn connect_one(
         Some(t) => sock.connect_timeout(&addr.into(), t)?,
         None => sock.connect(&addr.into())?,
     }
-    rendezvous_on(stack, sock.into(), timeout.map(|t| t0 + t))
+    rendezvous_on(
+        stack,
+        sock.into(),
+        timeout.map(|t| t0 + t),
+        BufSizes::default(),
+    )
 }
 
 /// The rendezvous of a client whose TCP connection is up: CLC on the event thread,
@@ -460,10 +466,11 @@ fn rendezvous_on(
     stack: &Arc<Inner>,
     tcp: TcpStream,
     deadline: Option<Instant>,
+    bufs: BufSizes,
 ) -> io::Result<Established> {
     let _ = tcp.set_nodelay(true);
     let slot = Arc::new(ConnectSlot::default());
-    register_client(stack, tcp, slot.clone())?;
+    register_client(stack, tcp, slot.clone(), bufs)?;
     // The machines bound every wait (ClcConfig::max_rendezvous_time); the margin only
     // protects against a stopped stack. A connect timeout bounds the whole connect.
     let mut limit = Instant::now() + stack.clc.max_rendezvous_time() + Duration::from_secs(5);
@@ -564,8 +571,14 @@ impl SmcStream {
     /// becomes the connection's idle TCP socket (RFC 7609 §4.8), for a fallback it is
     /// the stream itself ([`SmcStream::into_fallback`] gives it back).
     pub fn from_connected_with(stack: &Stack, tcp: TcpStream) -> io::Result<Self> {
+        Self::from_connected_sized(stack, tcp, BufSizes::default())
+    }
+
+    /// [`SmcStream::from_connected_with`] with this connection's own RMB and send
+    /// buffer sizes (as a socket's SO_RCVBUF / SO_SNDBUF ask; the stack's where `None`).
+    pub fn from_connected_sized(stack: &Stack, tcp: TcpStream, bufs: BufSizes) -> io::Result<Self> {
         let inner = stack.inner.clone();
-        rendezvous_on(&inner, tcp, None).map(|e| stream_from(&inner, e))
+        rendezvous_on(&inner, tcp, None, bufs).map(|e| stream_from(&inner, e))
     }
 
     /// The TCP connection of a fallback stream and its reason; an SMC-R stream comes
@@ -574,6 +587,31 @@ impl SmcStream {
         match self.inner {
             Inner2::Tcp(t, r) => Ok((t, r)),
             inner @ Inner2::Smc(_) => Err(SmcStream { inner }),
+        }
+    }
+
+    /// A descriptor of the connection's TCP socket: the idle one of an SMC-R connection
+    /// (RFC 7609 §4.8: it stays open for the connection's life), the stream itself for
+    /// a fallback. For TCP-level socket options and `TCP_INFO`, as Linux SMC forwards
+    /// them to its CLC socket; writing to it would break the connection.
+    pub fn tcp_clone(&self) -> io::Result<TcpStream> {
+        match &self.inner {
+            Inner2::Smc(h) => match &h.conn.lock().tcp {
+                Some(t) => t.try_clone(),
+                None => Err(io::Error::new(
+                    ErrorKind::NotConnected,
+                    "the TCP connection is closed",
+                )),
+            },
+            Inner2::Tcp(t, _) => t.try_clone(),
+        }
+    }
+
+    /// The connection's RMB and send buffer sizes in bytes (`None` for a fallback).
+    pub fn buffer_sizes(&self) -> Option<(usize, usize)> {
+        match &self.inner {
+            Inner2::Smc(h) => Some((h.conn.rmb.len(), h.conn.sndbuf.len())),
+            Inner2::Tcp(..) => None,
         }
     }
 
@@ -695,7 +733,7 @@ impl SmcStream {
     /// Sends one urgent byte (`send(MSG_OOB)`, RFC 7609 §4.7.5).
     pub fn send_urgent(&self, byte: u8) -> io::Result<()> {
         match &self.inner {
-            Inner2::Smc(h) => h.send_urgent(byte),
+            Inner2::Smc(h) => h.send_urgent(byte, None),
             Inner2::Tcp(s, _) => oob_send(s, byte),
         }
     }
@@ -831,7 +869,7 @@ impl SmcListener {
             sock.bind(&a.into())?;
             sock.listen(1024)?;
             let l: TcpListener = sock.into();
-            let shared = register_listener(&inner, l)?;
+            let shared = register_listener(&inner, l, BufSizes::default())?;
             Ok(SmcListener {
                 shared,
                 stack: inner.clone(),
@@ -844,8 +882,15 @@ impl SmcListener {
     /// before `listen()` so that its SYN-ACKs announce SMC-R. The event thread accepts
     /// on it from now on.
     pub fn from_listening_with(stack: &Stack, l: TcpListener) -> io::Result<Self> {
+        Self::from_listening_sized(stack, l, BufSizes::default())
+    }
+
+    /// [`SmcListener::from_listening_with`] with the buffer sizes of the connections it
+    /// accepts (the listening socket's SO_RCVBUF / SO_SNDBUF, which TCP's accepted
+    /// sockets inherit; the stack's where `None`).
+    pub fn from_listening_sized(stack: &Stack, l: TcpListener, bufs: BufSizes) -> io::Result<Self> {
         let inner = stack.inner.clone();
-        let shared = register_listener(&inner, l)?;
+        let shared = register_listener(&inner, l, bufs)?;
         Ok(SmcListener {
             shared,
             stack: inner,

@@ -83,6 +83,16 @@ impl SmcStream {
         }
     }
 
+    /// The urgent data (`MSG_OOB`, RFC 7609 §4.7.5) of an SMC-R stream, as a handle
+    /// usable beside the stream's read and write halves (`tokio::io::split`); `None`
+    /// for a TCP fallback (whose urgent data is the socket's own).
+    pub fn urgent(&self) -> Option<Urgent> {
+        match &self.inner {
+            Inner::Smc(h) => Some(Urgent { h: h.clone() }),
+            Inner::Tcp(..) => None,
+        }
+    }
+
     /// Our address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         match &self.inner {
@@ -160,6 +170,51 @@ impl AsyncWrite for SmcStream {
             Inner::Tcp(t, _) => Pin::new(t).poll_shutdown(cx),
             Inner::Smc(h) => Poll::Ready(h.shutdown(std::net::Shutdown::Write)),
         }
+    }
+}
+
+/// Urgent data of an SMC-R stream ([`SmcStream::urgent`]). It holds a reference on the
+/// connection: the connection closes when the stream and every `Urgent` are dropped.
+pub struct Urgent {
+    h: Arc<SmcHandle>,
+}
+
+impl std::fmt::Debug for Urgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Urgent").finish_non_exhaustive()
+    }
+}
+
+impl Urgent {
+    /// Sends one urgent byte after the data written so far (`send(MSG_OOB)`): it waits
+    /// for room in the peer's RMB as a write does.
+    pub async fn send(&self, byte: u8) -> io::Result<()> {
+        poll_fn(|cx| {
+            for attempt in 0..2 {
+                match self.h.send_urgent(byte, Some(Wait::Never)) {
+                    Ok(()) => return Poll::Ready(Ok(())),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if attempt == 0 {
+                            self.h.conn.lock().tx_waker = Some(cx.waker().clone());
+                        }
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The peer's urgent byte, once every byte before its mark has been read
+    /// (`SIOCATMARK` true, then `recv(MSG_OOB)`): reads stop at the mark, so a reader
+    /// that asks after each read (and when woken without data) hands the byte on at
+    /// its place in the stream. `None` when there is none, or it is not its turn.
+    pub fn take_at_mark(&self) -> Option<u8> {
+        if !self.h.conn.lock().conn.at_mark() {
+            return None;
+        }
+        self.h.recv_urgent().ok()
     }
 }
 

@@ -33,7 +33,7 @@ use super::{
 use crate::clc::{self, Eligibility};
 use crate::conn::{AbortReason, Conn, State};
 use crate::endpoint::{
-    ConnAction, DeviceInfo, Endpoint, EndpointConfig, FailoverTarget, NewConn, Output,
+    BufSizes, ConnAction, DeviceInfo, Endpoint, EndpointConfig, FailoverTarget, NewConn, Output,
     RendezvousOutcome, TcpId,
 };
 
@@ -153,6 +153,7 @@ impl Core {
         Some(d)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start_rendezvous(
         &mut self,
         inner: &Arc<Inner>,
@@ -161,6 +162,7 @@ impl Core {
         peer: SocketAddr,
         elig: Eligibility,
         origin: Origin,
+        bufs: BufSizes,
     ) {
         let dev = if matches!(elig, Eligibility::NotEligible { .. }) {
             None
@@ -205,11 +207,15 @@ impl Core {
         let now = Instant::now();
         let (l, p, d) = (local.ip(), peer.ip(), dev.map(|d| d.id));
         if let Some(route) = route {
-            self.ep(inner, |ep, h| ep.connect(now, h, id, l, p, route, elig, d));
+            self.ep(inner, |ep, h| {
+                ep.connect(now, h, id, l, p, route, elig, d, bufs)
+            });
         } else {
             let mut route = server_route(inner, dev.as_ref(), l);
             route.same_host = inner.same_host.is_some();
-            self.ep(inner, |ep, h| ep.accept(now, h, id, l, p, route, elig, d));
+            self.ep(inner, |ep, h| {
+                ep.accept(now, h, id, l, p, route, elig, d, bufs)
+            });
         }
     }
 
@@ -446,15 +452,16 @@ impl Core {
             .get(&(nc.lgr, nc.rmb.0))
             .map(|x| x.buf.clone())
             .ok_or_else(|| err("RMB vanished"))?;
-        let pooled = self
-            .host
-            .sndbufs
-            .get_mut(&(nc.lgr, nc.link))
-            .and_then(|v| v.pop());
+        // The connection's own size (SO_SNDBUF, proto BufSizes) or the stack's.
+        let want = nc.params.sndbuf_len as usize;
+        let pooled = self.host.sndbufs.get_mut(&(nc.lgr, nc.link)).and_then(|v| {
+            let i = v.iter().rposition(|(b, _)| b.len() == want)?;
+            Some(v.swap_remove(i))
+        });
         let (sndbuf, sndbuf_mr) = match pooled {
             Some(x) => x,
             None => {
-                let b = RdmaBuffer::new(cfg.sndbuf_size)?;
+                let b = RdmaBuffer::new(want)?;
                 // Send buffers are only read by the local RNIC (RDMA WRITE source).
                 let mr = link
                     .pd
@@ -569,7 +576,16 @@ impl Core {
                     if tcp.set_nonblocking(true).is_err() {
                         continue;
                     }
-                    self.start_rendezvous(inner, tcp, local, peer, elig, Origin::Accept(l.clone()));
+                    let bufs = l.bufs;
+                    self.start_rendezvous(
+                        inner,
+                        tcp,
+                        local,
+                        peer,
+                        elig,
+                        Origin::Accept(l.clone()),
+                        bufs,
+                    );
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -1029,6 +1045,7 @@ pub(crate) fn register_client(
     inner: &Arc<Inner>,
     tcp: TcpStream,
     slot: Arc<ConnectSlot>,
+    bufs: BufSizes,
 ) -> io::Result<()> {
     let local = tcp.local_addr()?;
     let peer = tcp.peer_addr()?;
@@ -1041,7 +1058,7 @@ pub(crate) fn register_client(
     let mut core = inner.lock_core();
     // The Proposal (or a not-eligible connection's end) goes out right here: one thread
     // hop less per connection.
-    core.start_rendezvous(inner, tcp, local, peer, elig, Origin::Connect(slot));
+    core.start_rendezvous(inner, tcp, local, peer, elig, Origin::Connect(slot), bufs);
     drop(core);
     inner.wake();
     Ok(())
@@ -1051,6 +1068,7 @@ pub(crate) fn register_client(
 pub(crate) fn register_listener(
     inner: &Arc<Inner>,
     sock: TcpListener,
+    bufs: BufSizes,
 ) -> io::Result<Arc<ListenerShared>> {
     sock.set_nonblocking(true)?;
     let local = sock.local_addr()?;
@@ -1066,6 +1084,7 @@ pub(crate) fn register_listener(
         closed: Default::default(),
         nonblocking: Default::default(),
         waker: Mutex::new(None),
+        bufs,
     });
     core.listeners.insert(id, l.clone());
     drop(core);

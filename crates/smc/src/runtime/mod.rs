@@ -38,7 +38,7 @@ use tracing::{debug, trace, warn};
 use crate::clc::{ClcConfig, FallbackReason, LgrId, UeidTable};
 use crate::conn::{ConnConfig, UpdatePolicy};
 use crate::endpoint::tokens::{Route, TokenTable};
-use crate::endpoint::EndpointConfig;
+use crate::endpoint::{BufSizes, EndpointConfig};
 use crate::llc;
 
 pub(crate) use self::conn::ConnShared;
@@ -572,6 +572,9 @@ pub(crate) struct ListenerShared {
     pub closed: AtomicBool,
     pub nonblocking: AtomicBool,
     pub waker: Mutex<Option<Waker>>,
+    /// Buffer sizes of the connections it accepts (the listening socket's SO_RCVBUF /
+    /// SO_SNDBUF, which TCP's accepted sockets inherit).
+    pub bufs: BufSizes,
 }
 
 impl ListenerShared {

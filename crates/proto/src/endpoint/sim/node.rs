@@ -374,6 +374,7 @@ impl Node {
             route,
             eligible(),
             Some(DEVICE),
+            crate::endpoint::BufSizes::default(),
         );
         self.settle(now);
         self.take()
@@ -404,6 +405,7 @@ impl Node {
             route,
             eligible(),
             Some(DEVICE),
+            crate::endpoint::BufSizes::default(),
         );
         self.settle(now);
         self.take()
