@@ -47,9 +47,14 @@ fn library() -> PathBuf {
     p
 }
 
-#[test]
-fn socket_api_under_ld_preload() {
-    let stats = std::env::temp_dir().join(format!("smc-preload-test-{}.log", std::process::id()));
+/// Runs the `child` test under LD_PRELOAD with the same-host path off (SMC-R over the
+/// software RNIC) or on (the default between smc-rs stacks of one host, docs/samehost.md);
+/// returns the stats lines.
+fn run_child(same_host: bool) -> String {
+    let tag = if same_host { "samehost" } else { "rdma" };
+    let stats =
+        std::env::temp_dir().join(format!("smc-preload-test-{}-{tag}.log", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("smc-preload-test-{}-sockets", std::process::id()));
     let _ = std::fs::remove_file(&stats);
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -64,13 +69,15 @@ fn socket_api_under_ld_preload() {
         .env("SMC_RS_LOCAL_ADDR", ip(1))
         .env("SMC_RS_STATS", &stats)
         .env("SMC_PRELOAD_TEST_SERVER", ip(2))
+        .env("SMC_RS_SAME_HOST", if same_host { "1" } else { "0" })
+        .env("SMC_RS_SAME_HOST_DIR", &dir)
         .output()
         .unwrap();
     let log = std::fs::read_to_string(&stats).unwrap_or_default();
     let _ = std::fs::remove_file(&stats);
     assert!(
         out.status.success(),
-        "child failed: {}\n--- stdout\n{}\n--- stderr\n{}\n--- stats\n{log}",
+        "child ({tag}) failed: {}\n--- stdout\n{}\n--- stderr\n{}\n--- stats\n{log}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
@@ -84,6 +91,15 @@ fn socket_api_under_ld_preload() {
     assert_eq!(count(" accept "), 10, "{log}");
     assert_eq!(count("mode=SMC-R info="), 20, "{log}");
     assert_eq!(count(" close "), 20, "{log}");
+    assert_eq!(count("info=\"taken over\""), 1, "{log}");
+    assert!(!log.contains("mode=TCP"), "{log}");
+    log
+}
+
+#[test]
+fn socket_api_under_ld_preload() {
+    let log = run_child(false);
+    assert!(!log.contains("same-host"), "{log}");
     // The sized connection: the client's SO_RCVBUF / SO_SNDBUF, the listener's SO_RCVBUF.
     assert_eq!(
         log.lines()
@@ -99,8 +115,16 @@ fn socket_api_under_ld_preload() {
         1,
         "{log}"
     );
-    assert_eq!(count("info=\"taken over\""), 1, "{log}");
-    assert!(!log.contains("mode=TCP"), "{log}");
+    // The same program on the same-host path: every connection takes it (buffers are
+    // the stack's there).
+    let log = run_child(true);
+    let lines = log
+        .lines()
+        .filter(|l| l.contains(" connect ") || l.contains(" accept "));
+    assert!(
+        lines.clone().count() == 20 && lines.clone().all(|l| l.contains("same-host")),
+        "{log}"
+    );
 }
 
 fn poll1(fd: i32, events: i16, ms: i32) -> i16 {

@@ -269,7 +269,9 @@ impl StackConfig {
             match v.trim() {
                 "1" | "on" | "yes" | "true" => {}
                 "0" | "off" | "no" | "false" => c.same_host = false,
-                _ => warn!(value = %v, "SMC_RS_SAME_HOST is not 0 or 1; the same-host path stays on"),
+                _ => {
+                    warn!(value = %v, "SMC_RS_SAME_HOST is not 0 or 1; the same-host path stays on")
+                }
             }
         }
         if let Some(v) = smc_verbs::process::config_var("SMC_RS_SAME_HOST_DIR") {
