@@ -152,8 +152,8 @@ fn at_mark(fd: RawFd) -> bool {
     unsafe { libc::ioctl(fd, SIOCATMARK, &mut v) == 0 && v != 0 }
 }
 
-/// `recv(MSG_OOB)` of one byte, without waiting.
-fn recv_oob(fd: RawFd) -> Option<u8> {
+/// `recv` of at most one byte with `flags` and MSG_DONTWAIT: the byte, or the error.
+fn recv_one(fd: RawFd, flags: c_int) -> io::Result<Option<u8>> {
     let mut b = 0u8;
     // SAFETY: receives at most one byte into `b`.
     let n = unsafe {
@@ -161,10 +161,14 @@ fn recv_oob(fd: RawFd) -> Option<u8> {
             fd,
             (&mut b as *mut u8).cast(),
             1,
-            libc::MSG_OOB | libc::MSG_DONTWAIT,
+            flags | libc::MSG_DONTWAIT,
         )
     };
-    (n == 1).then_some(b)
+    match n {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        _ => Ok(Some(b)),
+    }
 }
 
 /// What the application's end holds next.
@@ -184,30 +188,16 @@ async fn up_step(unix: &tokio::net::UnixStream, buf: &mut [u8]) -> io::Result<Up
     loop {
         unix.readable().await?;
         let peeked = unix.try_io(tokio::io::Interest::READABLE, || {
-            let mut b = 0u8;
-            // SAFETY: peeks at most one byte into `b`.
-            let n = unsafe {
-                libc::recv(
-                    fd,
-                    (&mut b as *mut u8).cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n)
-            }
+            recv_one(fd, libc::MSG_PEEK)
         });
         if at_mark(fd) {
             // At the mark the OOB byte is there to take (our end is not OOBINLINE);
             // reading in-band now would drop it. Once taken, SIOCATMARK stays true
             // until the next in-band read (as on TCP) and recv(MSG_OOB) says EINVAL.
-            match recv_oob(fd) {
-                Some(b) => return Ok(Up::Urgent(b)),
-                None if real::errno() == libc::EINVAL => {}
-                None => return Err(io::Error::last_os_error()),
+            match recv_one(fd, libc::MSG_OOB) {
+                Ok(Some(b)) => return Ok(Up::Urgent(b)),
+                Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
+                _ => {}
             }
         }
         match peeked {
