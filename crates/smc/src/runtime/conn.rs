@@ -158,6 +158,44 @@ pub(crate) struct ConnShared {
     pub self_ref: Weak<ConnShared>,
 }
 
+/// What makes one connection's [`ConnShared`] (the rest starts empty).
+pub(crate) struct ConnParts {
+    pub token: u32,
+    pub kind: Kind,
+    pub rmb: Arc<RdmaBuffer>,
+    pub sndbuf: Arc<RdmaBuffer>,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub version: u8,
+    pub first_contact: bool,
+    pub state: ConnState,
+}
+
+impl ConnShared {
+    /// A new connection of `inner`'s stack (SMC-R or same-host).
+    pub(crate) fn new(p: ConnParts, inner: &Arc<Inner>) -> Arc<ConnShared> {
+        Arc::new_cyclic(|me| ConnShared {
+            token: p.token,
+            kind: p.kind,
+            rmb: p.rmb,
+            sndbuf: p.sndbuf,
+            local: p.local,
+            peer: p.peer,
+            version: p.version,
+            first_contact: p.first_contact,
+            state: Mutex::new(p.state),
+            rx_cond: Condvar::new(),
+            tx_cond: Condvar::new(),
+            bytes_sent: Default::default(),
+            bytes_received: Default::default(),
+            rx_seq: Default::default(),
+            tx_seq: Default::default(),
+            stack: Arc::downgrade(inner),
+            self_ref: me.clone(),
+        })
+    }
+}
+
 impl std::fmt::Debug for ConnShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConnShared")

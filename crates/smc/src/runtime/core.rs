@@ -23,7 +23,7 @@ use smc_verbs::netdev::PathState;
 use smc_verbs::{AccessFlags, RdmaBuffer};
 use tracing::{debug, info, trace, warn};
 
-use super::conn::{ConnShared, ConnState, Kind, Path, RdmaPath};
+use super::conn::{ConnParts, ConnShared, ConnState, Kind, Path, RdmaPath};
 use super::host::{HostCtx, HostState, SAME_HOST_LGR};
 use super::routes::{client_route, eligibility, server_route};
 use super::{
@@ -478,34 +478,29 @@ impl Core {
             epoll::EventData::new_u64(u64::from(nc.token)),
             epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
         )?;
-        let shared = Arc::new_cyclic(|me| ConnShared {
-            token: nc.token,
-            kind: Kind::SmcR(nc.lgr),
-            rmb,
-            sndbuf,
-            local: r.local,
-            peer: r.peer,
-            version: nc.version,
-            first_contact: nc.contact.is_first(),
-            state: Mutex::new(ConnState::new(
-                conn,
-                Path::Rdma(RdmaPath {
-                    link,
-                    sndbuf_mr,
-                    peer_base: nc.peer_base,
-                    peer_rkey: nc.peer_rkey,
-                }),
-                Some(tcp),
-            )),
-            rx_cond: Condvar::new(),
-            tx_cond: Condvar::new(),
-            bytes_sent: Default::default(),
-            bytes_received: Default::default(),
-            rx_seq: Default::default(),
-            tx_seq: Default::default(),
-            stack: Arc::downgrade(inner),
-            self_ref: me.clone(),
-        });
+        let shared = ConnShared::new(
+            ConnParts {
+                token: nc.token,
+                kind: Kind::SmcR(nc.lgr),
+                rmb,
+                sndbuf,
+                local: r.local,
+                peer: r.peer,
+                version: nc.version,
+                first_contact: nc.contact.is_first(),
+                state: ConnState::new(
+                    conn,
+                    Path::Rdma(RdmaPath {
+                        link,
+                        sndbuf_mr,
+                        peer_base: nc.peer_base,
+                        peer_rkey: nc.peer_rkey,
+                    }),
+                    Some(tcp),
+                ),
+            },
+            inner,
+        );
         if let Ok(mut t) = inner.tokens.write() {
             // Replayed under the table's lock so that no later CDC overtakes them.
             let now = Instant::now();

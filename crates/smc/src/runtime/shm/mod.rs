@@ -447,7 +447,7 @@ pub(crate) fn new_conn(
     tcp: std::net::TcpStream,
     setup: ShmSetup,
 ) -> io::Result<Arc<super::conn::ConnShared>> {
-    use super::conn::{ConnShared, ConnState, Kind, Path as ConnPath};
+    use super::conn::{ConnParts, ConnShared, ConnState, Kind, Path as ConnPath};
     let cfg = &inner.cfg;
     let (token, peer_token, peer_len) = (
         setup.local_token,
@@ -470,25 +470,20 @@ pub(crate) fn new_conn(
     let conn = crate::conn::Conn::new(params, cfg.conn.clone())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let sndbuf = RdmaBuffer::new(cfg.sndbuf_size)?;
-    let shared = Arc::new_cyclic(|me| ConnShared {
-        token,
-        kind: Kind::SameHost(path),
-        rmb,
-        sndbuf,
-        local,
-        peer,
-        version: 2,
-        first_contact: false,
-        state: Mutex::new(ConnState::new(conn, ConnPath::Shm(rings), Some(tcp))),
-        rx_cond: std::sync::Condvar::new(),
-        tx_cond: std::sync::Condvar::new(),
-        bytes_sent: Default::default(),
-        bytes_received: Default::default(),
-        rx_seq: Default::default(),
-        tx_seq: Default::default(),
-        stack: Arc::downgrade(inner),
-        self_ref: me.clone(),
-    });
+    let shared = ConnShared::new(
+        ConnParts {
+            token,
+            kind: Kind::SameHost(path),
+            rmb,
+            sndbuf,
+            local,
+            peer,
+            version: 2,
+            first_contact: false,
+            state: ConnState::new(conn, ConnPath::Shm(rings), Some(tcp)),
+        },
+        inner,
+    );
     // CDCs the peer put in our ring before we got here.
     shared.shm_poll(std::time::Instant::now());
     Ok(shared)
