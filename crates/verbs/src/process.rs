@@ -46,7 +46,9 @@ static SNAPSHOT: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLoc
 /// inherited by forked children whose environment the program cleared.
 pub fn config_var(name: &str) -> Option<String> {
     let snapshot = SNAPSHOT.get_or_init(|| {
-        std::env::vars()
+        // vars_os: a program's other variables need not be UTF-8 (vars() would panic).
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, _)| k.starts_with("SMC_"))
             .collect()
     });
@@ -147,8 +149,17 @@ impl<T: Send + Sync + 'static> PerProcess<T> {
             }
             std::thread::yield_now();
         }
+        /// Releases the claim also when `make` panics (a caller may catch it and try
+        /// again; the others must not wait forever).
+        struct Release<'a>(&'a AtomicU64);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(0, Ordering::Release);
+            }
+        }
+        let _release = Release(&self.making);
         // Another thread of this process may have finished while we waited.
-        let v = match self.get() {
+        match self.get() {
             Some(v) => v,
             None => {
                 let slot: &'static Slot<T> = Box::leak(Box::new(Slot {
@@ -160,9 +171,7 @@ impl<T: Send + Sync + 'static> PerProcess<T> {
                     .store((slot as *const Slot<T>).cast_mut(), Ordering::Release);
                 &slot.value
             }
-        };
-        self.making.store(0, Ordering::Release);
-        v
+        }
     }
 }
 
@@ -171,6 +180,14 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
     use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn a_panicking_make_does_not_block_the_next_caller() {
+        static CELL: PerProcess<u32> = PerProcess::new();
+        let r = std::panic::catch_unwind(|| CELL.get_or_init(|| panic!("out of resources")));
+        assert!(r.is_err());
+        assert_eq!(*CELL.get_or_init(|| 7), 7);
+    }
 
     #[test]
     fn lift_moves_descriptors_above_the_floor() {
