@@ -330,9 +330,11 @@ pub(crate) fn forked(old: &Arc<ListenerEntry>) -> Arc<ListenerEntry> {
             let p = unsafe {
                 libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(libc::getppid()), 0)
             };
-            // SAFETY: see above.
+            // SAFETY: pidfd_open returned a new descriptor nothing else owns.
             let owner = (p >= 0).then(|| unsafe { OwnedFd::from_raw_fd(p as RawFd) });
-            (Some(unsafe { OwnedFd::from_raw_fd(*feed) }), owner)
+            // SAFETY: see above (the feed of the parent's task, inherited).
+            let feed = unsafe { OwnedFd::from_raw_fd(*feed) };
+            (Some(feed), owner)
         }
         State::Inherited { feed, owner, .. } => (
             // SAFETY: see above.
