@@ -57,10 +57,12 @@ impl StreamEntry {
         }
     }
 
-    /// Where an option at (level, name) goes: the TCP socket for IP/IPv6/TCP levels and
-    /// SO_KEEPALIVE, else the socketpair end.
+    /// Where an option at (level, name) goes: the TCP socket for IP/IPv6/TCP levels,
+    /// SO_KEEPALIVE and SO_LINGER (the pump aborts a connection closed with linger 0),
+    /// else the socketpair end.
     pub(crate) fn tcp_for(&self, level: c_int, name: c_int) -> Option<RawFd> {
-        let tcp_level = level != libc::SOL_SOCKET || name == libc::SO_KEEPALIVE;
+        let tcp_level =
+            level != libc::SOL_SOCKET || matches!(name, libc::SO_KEEPALIVE | libc::SO_LINGER);
         self.tcp
             .as_ref()
             .filter(|_| tcp_level)
@@ -264,8 +266,9 @@ enum Down {
 
 async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Counters) {
     let ufd = unix.as_raw_fd();
-    // Urgent data (RFC 7609 §4.7.5) crosses as AF_UNIX MSG_OOB on the socketpair.
-    let urgent = smc.urgent();
+    // Urgent data (RFC 7609 §4.7.5) crosses as AF_UNIX MSG_OOB on the socketpair; the
+    // program's SO_LINGER is on the TCP socket (exports.rs).
+    let control = smc.control();
     let (mut sr, mut sw) = tokio::io::split(smc);
     let unix = &unix;
     // Application → SMC-R. Returns true when everything must end (the application
@@ -277,6 +280,12 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
                 Ok(Up::Data(0)) => {
                     tracing::debug!("application end: end of file");
                     if peer_end_closed(ufd) {
+                        // close() with SO_LINGER {1, 0} aborts, as TCP sends RST.
+                        if let Some(c) = &control {
+                            if c.tcp_linger().ok().flatten() == Some(Duration::ZERO) {
+                                c.abort();
+                            }
+                        }
                         return true;
                     }
                     let _ = sw.shutdown().await;
@@ -289,8 +298,8 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
                     c.sent.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Ok(Up::Urgent(b)) => {
-                    let sent = match &urgent {
-                        Some(u) => u.send(b).await,
+                    let sent = match &control {
+                        Some(u) => u.send_urgent(b).await,
                         None => Err(io::ErrorKind::Unsupported.into()),
                     };
                     if let Err(e) = sent {
@@ -312,7 +321,7 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
         let mut buf = vec![0u8; CHUNK];
         loop {
             let step = std::future::poll_fn(|cx| {
-                let urgent_now = || urgent.as_ref().and_then(|u| u.take_at_mark());
+                let urgent_now = || control.as_ref().and_then(|u| u.take_urgent_at_mark());
                 if let Some(b) = urgent_now() {
                     return std::task::Poll::Ready(Ok(Down::Urgent(b)));
                 }

@@ -373,9 +373,10 @@ pub unsafe extern "C" fn getsockopt(
 
 /// setsockopt(2). On a TCP socket before connect/listen: libc's, and SO_RCVBUF/SO_SNDBUF
 /// are remembered to size the SMC-R buffers ([`crate::sizes`]). On an SMC-R stream:
-/// IP/IPv6/TCP options and SO_KEEPALIVE go to the connection's TCP socket (Linux SMC
-/// sets them on its CLC socket: TCP keepalive probes the idle connection, whose failure
-/// resets the SMC-R one); other SOL_SOCKET options go to the socketpair end
+/// IP/IPv6/TCP options, SO_KEEPALIVE and SO_LINGER go to the connection's TCP socket
+/// (Linux SMC sets them on its CLC socket: TCP keepalive probes the idle connection,
+/// whose failure resets the SMC-R one; the pump aborts a connection closed with linger
+/// 0); other SOL_SOCKET options go to the socketpair end
 /// (SO_RCVBUF/SO_SNDBUF size its buffers); without the TCP socket IP/IPv6/TCP options
 /// are kept for getsockopt. The pump sends at once, as with TCP_NODELAY. On a listener:
 /// the listening TCP socket's.

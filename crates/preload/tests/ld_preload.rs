@@ -83,14 +83,14 @@ fn run_child(same_host: bool) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
-    // Ten connections (blocking; non-blocking with poll and epoll; dup; two around a
-    // fork; one accepted by a forked child; urgent data; buffer sizes; one accepted by
-    // a daemonized grandchild after its parent exited, one it opened), each seen by the
-    // connecting and the accepting side, each pump finished by the exit.
-    assert_eq!(count(" connect "), 10, "{log}");
-    assert_eq!(count(" accept "), 10, "{log}");
-    assert_eq!(count("mode=SMC-R info="), 20, "{log}");
-    assert_eq!(count(" close "), 20, "{log}");
+    // Eleven connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child; urgent data; buffer sizes; SO_LINGER 0; one
+    // accepted by a daemonized grandchild after its parent exited, one it opened), each
+    // seen by the connecting and the accepting side, each pump finished by the exit.
+    assert_eq!(count(" connect "), 11, "{log}");
+    assert_eq!(count(" accept "), 11, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 22, "{log}");
+    assert_eq!(count(" close "), 22, "{log}");
     assert_eq!(count("info=\"taken over\""), 1, "{log}");
     assert!(!log.contains("mode=TCP"), "{log}");
     log
@@ -122,7 +122,7 @@ fn socket_api_under_ld_preload() {
         .lines()
         .filter(|l| l.contains(" connect ") || l.contains(" accept "));
     assert!(
-        lines.clone().count() == 20 && lines.clone().all(|l| l.contains("same-host")),
+        lines.clone().count() == 22 && lines.clone().all(|l| l.contains("same-host")),
         "{log}"
     );
 }
@@ -551,6 +551,40 @@ fn child() {
     c10.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"sized");
     drop((c10, s10, l10));
+
+    // 11. close() with SO_LINGER {1, 0} aborts, as TCP sends RST: the other end reads
+    // the end, and its TCP socket (TCP_INFO) ends in CLOSE (reset), not CLOSE_WAIT.
+    let c11 = TcpStream::connect(addr).unwrap();
+    let (mut s11, _) = l.accept().unwrap();
+    let c11s = socket2::SockRef::from(&c11);
+    c11s.set_linger(Some(Duration::ZERO)).unwrap();
+    assert_eq!(c11s.linger().unwrap(), Some(Duration::ZERO));
+    drop(c11);
+    let mut rest = Vec::new();
+    let _ = s11.read_to_end(&mut rest);
+    let tcp_state = |s: &TcpStream| {
+        // SAFETY: an all-zero tcp_info is valid (plain integers).
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+        // SAFETY: getsockopt into a tcp_info of the given length.
+        let r = unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        info.tcpi_state
+    };
+    let t0 = std::time::Instant::now();
+    while tcp_state(&s11) != 7 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(tcp_state(&s11), 7, "TCP_CLOSE after the peer's abort (RST)");
+    drop(s11);
 
     // 8. A server that daemonizes: a process listens, forks, and exits; its child,
     // accepting on the inherited listener, takes over the accept task once the

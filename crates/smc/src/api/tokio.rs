@@ -83,12 +83,12 @@ impl SmcStream {
         }
     }
 
-    /// The urgent data (`MSG_OOB`, RFC 7609 §4.7.5) of an SMC-R stream, as a handle
-    /// usable beside the stream's read and write halves (`tokio::io::split`); `None`
-    /// for a TCP fallback (whose urgent data is the socket's own).
-    pub fn urgent(&self) -> Option<Urgent> {
+    /// A handle on an SMC-R stream usable beside its read and write halves
+    /// (`tokio::io::split`): urgent data (`MSG_OOB`, RFC 7609 §4.7.5), the TCP socket's
+    /// `SO_LINGER`, abort. `None` for a TCP fallback (whose socket does all that).
+    pub fn control(&self) -> Option<Control> {
         match &self.inner {
-            Inner::Smc(h) => Some(Urgent { h: h.clone() }),
+            Inner::Smc(h) => Some(Control { h: h.clone() }),
             Inner::Tcp(..) => None,
         }
     }
@@ -173,22 +173,40 @@ impl AsyncWrite for SmcStream {
     }
 }
 
-/// Urgent data of an SMC-R stream ([`SmcStream::urgent`]). It holds a reference on the
-/// connection: the connection closes when the stream and every `Urgent` are dropped.
-pub struct Urgent {
+/// A handle on an SMC-R stream ([`SmcStream::control`]). It holds a reference on the
+/// connection: the connection closes when the stream and every `Control` are dropped.
+pub struct Control {
     h: Arc<SmcHandle>,
 }
 
-impl std::fmt::Debug for Urgent {
+impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Urgent").finish_non_exhaustive()
+        f.debug_struct("Control").finish_non_exhaustive()
     }
 }
 
-impl Urgent {
+impl Control {
+    /// `SO_LINGER` of the connection's TCP socket (set there by whoever holds it, e.g.
+    /// smc-preload for a program's `setsockopt`): `Some(0)` asks that closing abort.
+    pub fn tcp_linger(&self) -> io::Result<Option<std::time::Duration>> {
+        match &self.h.conn.lock().tcp {
+            Some(t) => socket2::SockRef::from(t).linger(),
+            None => Ok(None),
+        }
+    }
+
+    /// Aborts the connection (RFC 7609 §4.8.2): unsent and unread data is discarded and
+    /// the peer sees a reset.
+    pub fn abort(&self) {
+        let mut st = self.h.conn.lock();
+        let now = std::time::Instant::now();
+        st.conn.abort(now);
+        self.h.conn.drive(&mut st, now);
+    }
+
     /// Sends one urgent byte after the data written so far (`send(MSG_OOB)`): it waits
     /// for room in the peer's RMB as a write does.
-    pub async fn send(&self, byte: u8) -> io::Result<()> {
+    pub async fn send_urgent(&self, byte: u8) -> io::Result<()> {
         poll_fn(|cx| {
             for attempt in 0..2 {
                 match self.h.send_urgent(byte, Some(Wait::Never)) {
@@ -210,7 +228,7 @@ impl Urgent {
     /// (`SIOCATMARK` true, then `recv(MSG_OOB)`): reads stop at the mark, so a reader
     /// that asks after each read (and when woken without data) hands the byte on at
     /// its place in the stream. `None` when there is none, or it is not its turn.
-    pub fn take_at_mark(&self) -> Option<u8> {
+    pub fn take_urgent_at_mark(&self) -> Option<u8> {
         if !self.h.conn.lock().conn.at_mark() {
             return None;
         }
