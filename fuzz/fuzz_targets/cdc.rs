@@ -15,6 +15,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = ControlMessage::parse(data, LlcFormat::LINUX_X86) {
         let mut out = vec![0u8; m.buffer_len()];
         m.emit(&mut out, LlcFormat::LINUX_X86).expect("emit");
-        assert_eq!(ControlMessage::parse(&out, LlcFormat::LINUX_X86).expect("re-parse"), m);
+        assert_eq!(
+            ControlMessage::parse(&out, LlcFormat::LINUX_X86).expect("re-parse"),
+            m
+        );
     }
 });

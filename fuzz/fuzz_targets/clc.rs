@@ -15,9 +15,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(ClcMessage::parse(&out).expect("emitted message parses"), m);
         if let ClcMessage::Proposal(p) = &m {
             let area = match &p.body {
-                ProposalBody::V2 { smcd, .. } | ProposalBody::V1 { area: V1Area::Smcd(smcd), .. } => {
-                    Some(smcd)
-                }
+                ProposalBody::V2 { smcd, .. }
+                | ProposalBody::V1 {
+                    area: V1Area::Smcd(smcd),
+                    ..
+                } => Some(smcd),
                 _ => None,
             };
             if let Some(o) = area.and_then(SameHostOffer::from_smcd_area) {
@@ -28,6 +30,9 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     if let Ok(h) = SameHostHello::parse(data) {
-        assert_eq!(SameHostHello::parse(&h.to_bytes()).expect("hello re-parses"), h);
+        assert_eq!(
+            SameHostHello::parse(&h.to_bytes()).expect("hello re-parses"),
+            h
+        );
     }
 });

@@ -22,8 +22,8 @@ use smc_proto::clc::testing::{
     cfg, client_route, server_route, ClcReader, FakeEnv, Read, CLIENT_HOST, SERVER_HOST,
 };
 use smc_proto::clc::{
-    AddLinkTimeout, ClcConfig, ConnRef, Eligibility, FirstLinkTimeout, LinkEvent,
-    LinkFailure, Outcome, Output, ProposalLayout, Rendezvous, V2Route,
+    AddLinkTimeout, ClcConfig, ConnRef, Eligibility, FirstLinkTimeout, LinkEvent, LinkFailure,
+    Outcome, Output, ProposalLayout, Rendezvous, V2Route,
 };
 use smc_wire::clc::{self, ClcMessage, ClcType};
 use smc_wire::common::Mac;
@@ -227,19 +227,9 @@ fuzz_target!(|data: &[u8]| {
     let mut w = Watch::default();
 
     let mut m = if client {
-        Rendezvous::client(
-            now,
-            &mycfg,
-            client_route(),
-            Eligibility::BothAnnounced,
-        )
+        Rendezvous::client(now, &mycfg, client_route(), Eligibility::BothAnnounced)
     } else {
-        Rendezvous::server(
-            now,
-            &mycfg,
-            server_route(),
-            Eligibility::BothAnnounced,
-        )
+        Rendezvous::server(now, &mycfg, server_route(), Eligibility::BothAnnounced)
     };
     let first = w.drain(&mut m, now);
 
@@ -254,19 +244,9 @@ fuzz_target!(|data: &[u8]| {
     };
     if template {
         let mut p = if client {
-            Rendezvous::server(
-                now,
-                &peercfg,
-                server_route(),
-                Eligibility::BothAnnounced,
-            )
+            Rendezvous::server(now, &peercfg, server_route(), Eligibility::BothAnnounced)
         } else {
-            Rendezvous::client(
-                now,
-                &peercfg,
-                client_route(),
-                Eligibility::BothAnnounced,
-            )
+            Rendezvous::client(now, &peercfg, client_route(), Eligibility::BothAnnounced)
         };
         for msg in &first {
             let b = msg.to_vec().unwrap();
@@ -423,6 +403,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(env.lgrs.contains_key(&e.lgr), "SMC-R on a live link group");
             assert_eq!(env.live_rmbs.get(&e.local_rmb.rmb), Some(&e.lgr));
         }
+        // This harness never offers or takes the same-host path: a peer that answers
+        // with the same-host Accept anyway must be refused (a fallback or a reset).
+        Outcome::SameHost(s) => panic!("same-host outcome without an offer: {s:?}"),
         Outcome::Fallback(_) | Outcome::Reset(_) => {
             assert!(env.live_rmbs.is_empty(), "RMBs leaked: {:?}", env.live_rmbs);
             assert_eq!(env.lgr_count(), lgrs_before, "link groups leaked");

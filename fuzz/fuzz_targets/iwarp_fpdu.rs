@@ -5,7 +5,9 @@ use libfuzzer_sys::fuzz_target;
 use smc_iwarp::wire::mpa::{emit_fpdu, Fpdu};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(f) = Fpdu::new_checked(data) else { return };
+    let Ok(f) = Fpdu::new_checked(data) else {
+        return;
+    };
     let n = f.total_len();
     let crc = f.crc_field() != 0;
     let mut out = vec![0u8; n];

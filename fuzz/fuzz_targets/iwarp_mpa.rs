@@ -7,7 +7,9 @@ use smc_iwarp::wire::mpa::{EnhancedData, MpaFrame, MpaRepr, ENHANCED_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let _ = EnhancedData::parse(data);
-    let Ok(f) = MpaFrame::new_checked(data) else { return };
+    let Ok(f) = MpaFrame::new_checked(data) else {
+        return;
+    };
     let Ok(r) = MpaRepr::parse(&f) else { return };
     let mut out = vec![0u8; r.buffer_len()];
     let n = r.emit(&mut out).expect("emit");

@@ -12,9 +12,13 @@ use smc_iwarp::wire::sctp::{
 
 fuzz_target!(|data: &[u8]| {
     let _ = DdpSctpPayload::parse(PPID_DDP_STREAM_SESSION_CONTROL, data);
-    let Ok(m) = SessionControl::new_checked(data) else { return };
+    let Ok(m) = SessionControl::new_checked(data) else {
+        return;
+    };
     assert!(m.pd_length() <= 512);
-    let Ok(r) = SessionControlRepr::parse(&m) else { return };
+    let Ok(r) = SessionControlRepr::parse(&m) else {
+        return;
+    };
     if r.function == FunctionCode::Terminate {
         assert!(m.private_data().is_empty());
     }
