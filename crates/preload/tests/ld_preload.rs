@@ -75,6 +75,8 @@ fn run_child(same_host: bool) -> String {
         .unwrap();
     let log = std::fs::read_to_string(&stats).unwrap_or_default();
     let _ = std::fs::remove_file(&stats);
+    // The same-host sockets' directory (its stacks are gone with the child).
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         out.status.success(),
         "child ({tag}) failed: {}\n--- stdout\n{}\n--- stderr\n{}\n--- stats\n{log}",
