@@ -154,7 +154,10 @@ fn adopt(stack: &'static Stack, fd: c_int) -> io::Result<SocketAddr> {
     let fl = real::fcntl_raw(fd, libc::F_GETFL, 0);
     let fdfl = real::fcntl_raw(fd, libc::F_GETFD, 0);
     let ours = dup_cloexec(fd)?;
-    let local = TcpListener::from(dup_cloexec(fd)?).local_addr()?;
+    let local = socket2::SockRef::from(&ours)
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("a listener without an internet address"))?;
     let mut pair = [-1 as c_int; 2];
     // SAFETY: `pair` has room for the two descriptors.
     if unsafe {
