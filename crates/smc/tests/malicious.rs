@@ -179,6 +179,54 @@ fn harness_peer_is_a_working_smc_r_peer() {
     sc.finish();
 }
 
+/// Ending a link group in order (DELETE LINK) keeps the link acknowledging what the peer
+/// still sends: a Linux peer answers our DELETE LINK (ALL) with abort CDCs for the
+/// connections it holds and waits for their completion in `close()`; if our QP had gone to
+/// the error state they would be retransmitted for ever. The harness sends such a CDC
+/// after the DELETE LINK: it completes, and `terminate_link_groups` returns once the link
+/// has been quiet for a moment.
+#[test]
+fn orderly_termination_acknowledges_what_the_peer_sends_after_delete_link() {
+    let sc = Scene::server_victim(|_| {});
+    let a = Attacker::new(sc.net.evil);
+    let s = a.connect(sc.victim_addr()).expect("rendezvous");
+    s.echo_check(11, 64 << 10).expect("echo");
+    let sent_before = s.link.counters.sends_ok.load(Ordering::SeqCst);
+    std::thread::scope(|sp| {
+        let t = sp.spawn(|| {
+            let t0 = Instant::now();
+            sc.victim.terminate_link_groups();
+            t0.elapsed()
+        });
+        let del = s.link.wait_llc(END, 0x04, false); // DELETE LINK (v1 link group)
+        assert!(del.is_some(), "the victim's DELETE LINK");
+        s.raw_cdc(|c| {
+            c.conn_flags = ConnStateFlags::PEER_DONE_WRITING
+                | ConnStateFlags::PEER_CONN_CLOSED
+                | ConnStateFlags::PEER_CONN_ABORT;
+        })
+        .expect("abort CDC posted");
+        assert!(
+            s.link.quiesce(Duration::from_secs(5)),
+            "abort CDC never completed"
+        );
+        let took = t.join().unwrap();
+        assert!(
+            took < Duration::from_secs(5),
+            "terminate_link_groups took {took:?}"
+        );
+    });
+    assert_eq!(s.link.counters.send_errors.load(Ordering::SeqCst), 0);
+    assert!(s.link.counters.sends_ok.load(Ordering::SeqCst) > sent_before);
+    assert!(
+        sc.victim.link_groups().is_empty(),
+        "{:?}",
+        sc.victim.link_groups()
+    );
+    drop(s);
+    sc.finish();
+}
+
 // ---------------------------------------------------------------------------------------
 // Item 4: alert tokens
 

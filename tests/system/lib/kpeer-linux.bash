@@ -69,7 +69,7 @@ kpeer_run() {
   local name=$1 mode=$2; shift 2
   local out=$KP_OUT/$name log=$KP_OUT/$name.log rc t0=$SECONDS
   echo "== $name: run.sh $mode $*"
-  env "$@" timeout 900 tests/kernel-peer/run.sh "$mode" OUT="$out" NO_INSTALL=1 \
+  env "$@" timeout ${KPEER_TIMEOUT:-900} tests/kernel-peer/run.sh "$mode" OUT="$out" NO_INSTALL=1 \
     PEER_CMD='exec "$KPEER_REPO/tests/system/helpers/kpeer-smc-peer.sh"' > "$log" 2>&1
   rc=$?
   grep -E '^(PASS|FAIL|WARN|VERDICT)' "$log" | sed 's/^/   /'

@@ -729,10 +729,14 @@ impl Core {
     }
 
     fn next_deadline(&self, inner: &Inner) -> Option<Instant> {
-        match (self.ep.poll_timeout(), inner.timers.next()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.ep.poll_timeout(),
+            inner.timers.next(),
+            self.host.lingering_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Releases connections that are closed and no longer referenced by the application.
@@ -861,6 +865,11 @@ impl Core {
         }
     }
 
+    /// Links that ended in order and still acknowledge the peer (`HostState::lingering`).
+    pub(crate) fn lingering_links(&self) -> usize {
+        self.host.lingering.len()
+    }
+
     pub(crate) fn terminate_all(&mut self, inner: &Arc<Inner>, now: Instant) {
         self.ep(inner, |ep, h| ep.terminate_all(now, h));
     }
@@ -881,6 +890,7 @@ impl Core {
         for res in self.host.links.values() {
             res.destroy();
         }
+        self.host.expire_lingering(now, true);
         for (_, r) in std::mem::take(&mut self.rdvs) {
             if let Origin::Connect(slot) = &r.origin {
                 slot.complete(Err(io::Error::new(
@@ -1243,6 +1253,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
             }
         }
         core.on_timers(&inner, now);
+        core.host.expire_lingering(now, false);
         core.reap(&inner, now, &mut reap_check);
     }
 }

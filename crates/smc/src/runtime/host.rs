@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use smc_verbs::{AccessFlags, Device, Mr, RdmaBuffer};
 use smc_wire::common::{Gid, Mac, U24};
@@ -49,6 +50,29 @@ pub(crate) struct HostState {
     pub conns: BTreeMap<u32, Arc<ConnShared>>,
     /// Server: the shared memory of same-host rendezvous, until they finish.
     pub same_host_ready: HashMap<crate::endpoint::TcpId, super::shm::ShmSetup>,
+    /// Links that ended in order while healthy, still acknowledging the peer's
+    /// transport until it has been quiet for [`LINGER_QUIET`] (at most [`LINGER_MAX`]):
+    /// see [`LinkRes::linger`].
+    pub lingering: Vec<Lingering>,
+}
+
+/// How long a lingering link must have received nothing before it is destroyed.
+pub(crate) const LINGER_QUIET: Duration = Duration::from_millis(300);
+/// How long a link lingers at most.
+pub(crate) const LINGER_MAX: Duration = Duration::from_secs(3);
+
+/// A link in [`HostState::lingering`].
+pub(crate) struct Lingering {
+    res: Arc<LinkRes>,
+    since: Instant,
+    /// The last time something arrived on it (or `since`).
+    heard: Instant,
+}
+
+impl Lingering {
+    fn deadline(&self) -> Instant {
+        (self.heard + LINGER_QUIET).min(self.since + LINGER_MAX)
+    }
 }
 
 /// The token table's name for same-host connections, which have no link group: their
@@ -118,6 +142,39 @@ impl HostState {
             .and_then(|(_, d)| d.as_ref())
             .map(|d| d.name().to_string())
             .unwrap_or_default()
+    }
+
+    /// Destroys the lingering links that have been quiet long enough, lingered
+    /// [`LINGER_MAX`], failed, or whose device went away (`all`: every one, the stack
+    /// stops).
+    pub(crate) fn expire_lingering(&mut self, now: Instant, all: bool) {
+        if self.lingering.is_empty() {
+            return;
+        }
+        let before = self.lingering.len();
+        self.lingering.retain_mut(|l| {
+            if l.res.activity.swap(false, Ordering::Relaxed) {
+                l.heard = now;
+            }
+            let done = all
+                || now >= l.deadline()
+                || l.res.failed.load(Ordering::SeqCst)
+                || l.res.device.is_removed();
+            if done {
+                debug!(lgr = l.res.lgr.0, link = %l.res.id, lingered_ms = now.duration_since(l.since).as_millis() as u64,
+                    "lingering link destroyed");
+                l.res.destroy();
+            }
+            !done
+        });
+        if self.lingering.len() != before {
+            self.drop_removed();
+        }
+    }
+
+    /// When the next lingering link may be destroyed.
+    pub(crate) fn lingering_deadline(&self) -> Option<Instant> {
+        self.lingering.iter().map(Lingering::deadline).min()
     }
 
     /// Drops the devices that were removed: the provider can close one only when
@@ -196,8 +253,23 @@ impl Host for HostCtx<'_> {
 
     fn destroy_link(&mut self, lgr: LgrId, link: llc::LinkId) {
         if let Some(res) = self.st.links.remove(&(lgr, link)) {
-            debug!(lgr = lgr.0, %link, "link destroyed");
-            res.destroy();
+            if res.failed.load(Ordering::SeqCst)
+                || res.dead.load(Ordering::SeqCst)
+                || res.device.is_removed()
+            {
+                debug!(lgr = lgr.0, %link, "link destroyed");
+                res.destroy();
+            } else {
+                // Ended in order: the peer may still send (LinkRes::linger).
+                debug!(lgr = lgr.0, %link, "link ended: lingering");
+                res.linger();
+                let now = Instant::now();
+                self.st.lingering.push(Lingering {
+                    res,
+                    since: now,
+                    heard: now,
+                });
+            }
         }
         for ((l, _), r) in self.st.rmbs.iter_mut() {
             if *l == lgr {

@@ -132,6 +132,9 @@ pub(crate) struct LinkRes {
     /// kicked by this link's completion handler) that would run the handler inside
     /// itself.
     pub failed: AtomicBool,
+    /// Ended in order but still acknowledging what the peer sends ([`LinkRes::linger`]):
+    /// what arrives is dropped, nothing is posted.
+    pub lingering: AtomicBool,
     /// Large LLC messages (SMC-Rv2) sent from registered memory until their completion.
     big_sends: Mutex<Vec<(u64, Mr)>>,
     handler_lock: Mutex<()>,
@@ -201,6 +204,7 @@ impl LinkRes {
             llc_queued: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            lingering: AtomicBool::new(false),
             big_sends: Mutex::new(Vec::new()),
             handler_lock: Mutex::new(()),
             stack: Arc::downgrade(stack),
@@ -246,6 +250,19 @@ impl LinkRes {
         if let Err(e) = self.qp.modify_to_err() {
             debug!(error = %e, "QP to ERR failed");
         }
+    }
+
+    /// The link ended in order (its link group terminated, or DELETE LINK) while healthy:
+    /// its QP stays ready to acknowledge what the peer still sends for a while
+    /// (`HostState::lingering`), and the connections and LLC flows are over, so that
+    /// arrivals are dropped. A Linux peer sends abort CDCs for the connections it still
+    /// holds once it processes our DELETE LINK (ALL), and waits in `close()` for their
+    /// completion (`smc_cdc_wait_pend_tx_wr`); unacknowledged, rxe retransmits them for
+    /// ever and that `close()` never returns (seen in kpeer-linux-client.sh, urg).
+    pub(crate) fn linger(&self) {
+        self.lingering.store(true, Ordering::SeqCst);
+        self.activity.store(false, Ordering::Relaxed);
+        self.wake_waiters();
     }
 
     /// Stops the link: QP to ERR (outstanding work is flushed), what its completion
@@ -562,7 +579,7 @@ impl LinkRes {
             // port or device error (an IBA asynchronous event; smc-ibverbs does that). On an
             // idle link nothing else would tell, as Linux's smcr_port_err() takes the
             // port's links down at once.
-            if !self.dead.load(Ordering::SeqCst) {
+            if !self.dead.load(Ordering::SeqCst) && !self.lingering.load(Ordering::SeqCst) {
                 if wc.status == WcStatus::WrFlushErr {
                     debug!(lgr = ?self.lgr, link = %self.id, "receive flushed: the QP is in error");
                 } else {
@@ -589,9 +606,9 @@ impl LinkRes {
                 } else {
                     trace!(len, "short CDC dropped");
                 }
-            } else if self.dead.load(Ordering::SeqCst) {
-                // Drained by `destroy`: only CDCs must still be taken (the peer counts them
-                // delivered); the link's LLC flows are over, as they were before the drain.
+            } else if self.dead.load(Ordering::SeqCst) || self.lingering.load(Ordering::SeqCst) {
+                // Drained by `destroy`, or lingering: only CDCs must still be taken (the
+                // peer counts them delivered); the link's LLC flows are over.
                 trace!(lgr = ?self.lgr, link = %self.id, "LLC message on a destroyed link dropped");
             } else if self.llc_queued.fetch_add(1, Ordering::AcqRel) >= MAX_LLC_QUEUED {
                 self.llc_queued.fetch_sub(1, Ordering::AcqRel);

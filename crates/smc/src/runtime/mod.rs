@@ -851,12 +851,23 @@ impl Stack {
         self.inner.lock_core().inject_link_failure(lgr, num)
     }
 
-    /// Ends every link group now (DELETE LINK, orderly) — their connections are reset.
+    /// Ends every link group now (DELETE LINK, orderly) — their connections are reset —
+    /// and returns once their links are gone. A link that ended while healthy keeps
+    /// acknowledging what the peer still sends until the peer has been quiet for a moment
+    /// (at most a few seconds): a process about to exit calls this so that the peer's last
+    /// messages (a Linux peer's abort CDCs) complete instead of being retransmitted to a
+    /// process that is gone.
     pub fn terminate_link_groups(&self) {
         let mut core = self.inner.lock_core();
         core.terminate_all(&self.inner, Instant::now());
         drop(core);
         self.inner.wake();
+        let t = Instant::now();
+        while t.elapsed() < host::LINGER_MAX + Duration::from_millis(200)
+            && self.inner.lock_core().lingering_links() > 0
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
