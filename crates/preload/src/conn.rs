@@ -84,6 +84,7 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
     let peer = s.peer_addr()?;
     let (rmb, sndbuf) = s.buffer_sizes().unwrap_or_default();
     let (app, ours) = std::os::unix::net::UnixStream::pair()?;
+    let app_file = crate::table::file_of(app.as_raw_fd());
     let ours = real::move_high(ours);
     ours.set_nonblocking(true)?;
     let counters = Arc::new(Counters::default());
@@ -114,7 +115,7 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
                 return;
             }
         };
-        pump(stream, unix, &c).await;
+        pump(stream, unix, app_file, &c).await;
         report::line(format_args!(
             "close local={local} peer={peer} mode=SMC-R sent={} received={}",
             c.sent.load(Ordering::Relaxed),
@@ -264,15 +265,75 @@ enum Down {
     Urgent(u8),
 }
 
-async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Counters) {
+/// How a pump ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum End {
+    /// Both directions finished, or the application closed its end.
+    Closed,
+    /// The connection was reset or aborted (the peer's abort, a lost link group, a
+    /// timeout): the application is to read ECONNRESET, as on a TCP socket after RST.
+    Reset,
+}
+
+fn is_reset(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::TimedOut
+    )
+}
+
+/// Makes the application's end of the socketpair report ECONNRESET once it has read
+/// what it was sent: Linux sets ECONNRESET on the peer of an AF_UNIX stream socket that
+/// is closed with unread data in its receive queue (`unix_release_sock`), so one byte
+/// goes into our end's queue, sent through a descriptor of the application's end, just
+/// before our end closes. The descriptor is taken from the table and duplicated first,
+/// and the duplicate checked to be that end: the application may close or reuse the
+/// number at any time.
+fn reset_app_end(file: (u64, u64)) {
+    for fd in crate::table::fds_of_file(file) {
+        let d = real::dup_high(fd);
+        if d < 0 {
+            continue;
+        }
+        // SAFETY: `d` was just created by fcntl(F_DUPFD_CLOEXEC) and is ours.
+        let d = unsafe { OwnedFd::from_raw_fd(d) };
+        if crate::table::file_of(d.as_raw_fd()) != Some(file) {
+            continue;
+        }
+        // SAFETY: one byte from a valid buffer on a descriptor we own; never blocks.
+        let n = unsafe {
+            libc::send(
+                d.as_raw_fd(),
+                b"\0".as_ptr().cast(),
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n == 1 || real::errno() == libc::EAGAIN {
+            // Sent, or our end's queue is full: not empty either way.
+            return;
+        }
+    }
+    tracing::debug!("no descriptor of the application's end left: it reads EOF");
+}
+
+/// Copies between the SMC-R connection and our end of the socketpair until both
+/// directions end, the application closes its end, or the connection fails (then the
+/// application's end is made to report ECONNRESET, `app_file` being that end).
+async fn pump(
+    smc: smc::tokio::SmcStream,
+    unix: tokio::net::UnixStream,
+    app_file: Option<(u64, u64)>,
+    c: &Counters,
+) -> End {
     let ufd = unix.as_raw_fd();
     // Urgent data (RFC 7609 §4.7.5) crosses as AF_UNIX MSG_OOB on the socketpair; the
     // program's SO_LINGER is on the TCP socket (exports.rs).
     let control = smc.control();
     let (mut sr, mut sw) = tokio::io::split(smc);
     let unix = &unix;
-    // Application → SMC-R. Returns true when everything must end (the application
-    // closed its descriptor, or the connection failed).
+    // Application → SMC-R. Returns how everything must end (the application closed its
+    // descriptor, or the connection failed), or `None` when only this direction is done.
     let up = async {
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -286,14 +347,19 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
                                 c.abort();
                             }
                         }
-                        return true;
+                        return Some(End::Closed);
                     }
                     let _ = sw.shutdown().await;
-                    return false;
+                    return None;
                 }
                 Ok(Up::Data(n)) => {
-                    if sw.write_all(&buf[..n]).await.is_err() {
-                        return true;
+                    if let Err(e) = sw.write_all(&buf[..n]).await {
+                        tracing::debug!(error = %e, "SMC-R connection failed");
+                        return Some(if is_reset(&e) {
+                            End::Reset
+                        } else {
+                            End::Closed
+                        });
                     }
                     c.sent.fetch_add(n as u64, Ordering::Relaxed);
                 }
@@ -304,13 +370,17 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
                     };
                     if let Err(e) = sent {
                         tracing::debug!(error = %e, "cannot send the urgent byte");
-                        return true;
+                        return Some(if is_reset(&e) {
+                            End::Reset
+                        } else {
+                            End::Closed
+                        });
                     }
                     c.sent.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "application end failed");
-                    return true;
+                    return Some(End::Closed);
                 }
             }
         }
@@ -344,23 +414,27 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
                 Ok(Down::Data(0)) => {
                     // SAFETY: shuts down writing on our end (the application reads EOF).
                     unsafe { libc::shutdown(ufd, libc::SHUT_WR) };
-                    return false;
+                    return None;
                 }
                 Ok(Down::Data(n)) => {
                     if unix_write_all(unix, &buf[..n]).await.is_err() {
-                        return true;
+                        return Some(End::Closed);
                     }
                     c.received.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Ok(Down::Urgent(b)) => {
                     if unix_send_oob(unix, b).await.is_err() {
-                        return true;
+                        return Some(End::Closed);
                     }
                     c.received.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "SMC-R connection failed");
-                    return true;
+                    return Some(if is_reset(&e) {
+                        End::Reset
+                    } else {
+                        End::Closed
+                    });
                 }
             }
         }
@@ -368,19 +442,29 @@ async fn pump(smc: smc::tokio::SmcStream, unix: tokio::net::UnixStream, c: &Coun
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     while !(up_done && down_done) {
-        tokio::select! {
+        let end = tokio::select! {
             end = &mut up, if !up_done => {
                 up_done = true;
-                if end { break; }
+                end
             }
             end = &mut down, if !down_done => {
                 down_done = true;
-                if end { break; }
+                end
             }
+        };
+        if let Some(end) = end {
+            if end == End::Reset {
+                // Before our end closes (when `unix` is dropped on return).
+                if let Some(f) = app_file {
+                    reset_app_end(f);
+                }
+            }
+            return end;
         }
     }
     // Dropping the halves (and the urgent handle) closes the SMC-R connection (RFC 7609
     // §4.8.1, or an abort with unread data) and our end of the socketpair.
+    End::Closed
 }
 
 /// How long a non-blocking `connect()` waits for the TCP handshake before it leaves the

@@ -115,6 +115,16 @@ pub(crate) fn duplicated(old: c_int, new: c_int) -> Option<Entry> {
     insert(new, e)
 }
 
+/// The descriptors recorded for the file `file` (device and inode).
+pub(crate) fn fds_of_file(file: (u64, u64)) -> Vec<c_int> {
+    TABLE
+        .lock()
+        .iter()
+        .filter(|(_, s)| s.file == file)
+        .map(|(fd, _)| *fd)
+        .collect()
+}
+
 /// The descriptors of SMC-R streams.
 pub(crate) fn stream_fds() -> Vec<c_int> {
     TABLE

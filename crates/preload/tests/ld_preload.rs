@@ -555,7 +555,8 @@ fn child() {
     drop((c10, s10, l10));
 
     // 11. close() with SO_LINGER {1, 0} aborts, as TCP sends RST: the other end reads
-    // the end, and its TCP socket (TCP_INFO) ends in CLOSE (reset), not CLOSE_WAIT.
+    // ECONNRESET (then end of file, as after a TCP reset), and its TCP socket (TCP_INFO)
+    // ends in CLOSE (reset), not CLOSE_WAIT.
     let c11 = TcpStream::connect(addr).unwrap();
     let (mut s11, _) = l.accept().unwrap();
     let c11s = socket2::SockRef::from(&c11);
@@ -563,7 +564,9 @@ fn child() {
     assert_eq!(c11s.linger().unwrap(), Some(Duration::ZERO));
     drop(c11);
     let mut rest = Vec::new();
-    let _ = s11.read_to_end(&mut rest);
+    let e = s11.read_to_end(&mut rest).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert_eq!(s11.read(&mut b).unwrap(), 0, "end of file after the reset");
     let tcp_state = |s: &TcpStream| {
         // SAFETY: an all-zero tcp_info is valid (plain integers).
         let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
