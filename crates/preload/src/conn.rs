@@ -304,7 +304,7 @@ fn reset_app_end(file: (u64, u64)) {
         let n = unsafe {
             libc::send(
                 d.as_raw_fd(),
-                b"\0".as_ptr().cast(),
+                [0u8].as_ptr().cast(),
                 1,
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
