@@ -84,8 +84,8 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    /// The live connections (unit tests reach a connection's link through them).
-    #[cfg(test)]
+    /// The live connections (unit tests reach a connection's link through them;
+    /// `Stack::dump_state`).
     pub(crate) fn conns(&self) -> Vec<Arc<super::conn::ConnShared>> {
         self.host.conns.values().cloned().collect()
     }

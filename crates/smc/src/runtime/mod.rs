@@ -851,6 +851,25 @@ impl Stack {
         self.inner.lock_core().inject_link_failure(lgr, num)
     }
 
+    /// Diagnostics (tests, drills): logs every connection's protocol state at WARN
+    /// (cursors, sequence numbers, flags in flight), its link and whether it waits for
+    /// send slots, and each link's free slots — what a stalled transfer needs explained.
+    #[doc(hidden)]
+    pub fn dump_state(&self) {
+        let core = self.inner.lock_core();
+        let conns = core.conns();
+        drop(core);
+        for c in conns {
+            let st = c.lock();
+            let (link, free) = match &st.path {
+                conn::Path::Rdma(p) => (Some(p.link.id), p.link.free_slots()),
+                _ => (None, 0),
+            };
+            warn!(token = c.token, ?link, free_slots = free, waiting_slots = st.waiting_slots,
+                validation = ?st.validation, failovers = st.failovers, conn = ?st.conn, "state dump");
+        }
+    }
+
     /// Ends every link group now (DELETE LINK, orderly) — their connections are reset —
     /// and returns once their links are gone. A link that ended while healthy keeps
     /// acknowledging what the peer still sends until the peer has been quiet for a moment

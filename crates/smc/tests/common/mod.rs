@@ -26,9 +26,28 @@ pub fn client_ip() -> String {
     ip(1)
 }
 
+/// Logs (`RUST_LOG` / `SMC_LOG` filter syntax in `RUST_LOG`) go to the test's captured
+/// output, or with `SMC_TEST_LOG_FILE=PATH` appended to that file: events of the stacks'
+/// own threads are not always in the output a failing test prints, and a flake seen
+/// once under load needs them.
 pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::from_default_env();
+    if let Some(path) = std::env::var_os("SMC_TEST_LOG_FILE") {
+        if let Ok(f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(f))
+                .try_init();
+            return;
+        }
+    }
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_test_writer()
         .try_init();
 }
