@@ -451,6 +451,19 @@ impl Sim {
         true
     }
 
+    /// `side`'s queued send completions all fail (the link went down after their WRs
+    /// were carried out: the peer has them, the sender is never told). Returns their
+    /// seqnos.
+    pub fn fail_completions(&mut self, side: Side) -> Vec<u16> {
+        let h = self.host_mut(side);
+        let failed: Vec<u16> = h.cq.drain(..).collect();
+        for &seq in &failed {
+            h.conn.on_cdc_send_failed(seq);
+        }
+        h.collect();
+        failed
+    }
+
     /// Deliver, process and complete everything, posting as the hosts react, until the
     /// link is idle. Applications do not read.
     pub fn flush(&mut self) {

@@ -453,8 +453,14 @@ impl Conn {
         let lost = self.inflight.len;
         self.inflight.clear();
         self.link_failed = false;
-        // Bytes the peer consumed were delivered even if their completion was lost.
-        self.tx.acked = self.tx.acked.max(self.tx.peer_cons);
+        // Bytes the peer consumed were delivered even if their completion was lost. The
+        // space they free in the send buffer is news to a writer waiting for it: without
+        // WRITABLE it would sleep for ever once nothing else is in flight (each side of a
+        // busy echo stalled with exactly one send buffer written, multilink tests).
+        if self.tx.peer_cons > self.tx.acked {
+            self.tx.acked = self.tx.peer_cons;
+            self.events |= Events::WRITABLE;
+        }
         self.tx.sent = self.tx.acked;
         if self.error.is_some() || self.state == State::Closed {
             // Aborting or closed: unconfirmed data is not replayed, only the flags.

@@ -240,3 +240,53 @@ fn tc_fo_15_failover_with_close_pending() {
     assert_eq!(sim.a.conn.state(), State::Closed);
     assert!(sim.a.conn.error().is_none());
 }
+
+/// A writer waiting for send-buffer space is told when a failover frees it: A fills its
+/// send buffer, B gets the data and consumes it (its consumer cursor reaches A), but
+/// A's send completions are lost with the link. `prepare_failover` then counts the bytes
+/// B consumed as delivered — that space is WRITABLE news, or A's blocked writer sleeps for
+/// ever once nothing else is in flight (each side of a busy echo stalled with exactly one
+/// send buffer written in the multilink tests).
+#[test]
+fn failover_wakes_a_writer_whose_space_the_peer_consumed() {
+    let mut sim = sim();
+    let full = sim.write(Side::A, u64::MAX, false);
+    assert!(full > 0);
+    assert_eq!(sim.write(Side::A, 1, false), 0, "send buffer full");
+    // Everything A writes is placed at B, B consumes it and tells A; A's completions
+    // stay queued.
+    let mut read = 0;
+    for _ in 0..100 {
+        if read == full {
+            break;
+        }
+        sim.post(Side::A);
+        while sim.deliver(Side::A) {}
+        while sim.process(Side::B).is_some() {}
+        read += sim.read(Side::B, u64::MAX);
+        sim.post(Side::B);
+        while sim.deliver(Side::B) {}
+        while sim.process(Side::A).is_some() {}
+    }
+    assert_eq!(read, full);
+    // B's next CDC carries its consumer cursor (CDC-5): all of it.
+    sim.write(Side::B, 1, false);
+    sim.post(Side::B);
+    while sim.deliver(Side::B) {}
+    while sim.process(Side::A).is_some() {}
+    let s = sim.a.conn.snapshot();
+    assert_eq!(s.tx_peer_cons, s.tx_prod, "B consumed everything");
+    assert_eq!(s.tx_unacked, full, "no completion seen");
+    // A's completions are lost with the link: its CDCs fail.
+    assert!(!sim.fail_completions(Side::A).is_empty());
+    assert!(sim.a.conn.needs_failover());
+    sim.a.events = Events::empty();
+    sim.a.conn.prepare_failover().expect("F message");
+    sim.a.collect();
+    assert!(
+        sim.a.events.contains(Events::WRITABLE),
+        "{:?}",
+        sim.a.events
+    );
+    assert!(sim.write(Side::A, 1, false) > 0, "space again");
+}
