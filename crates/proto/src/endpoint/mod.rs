@@ -878,13 +878,27 @@ impl Endpoint {
             .copied()
             .filter(|t| self.conns.get(t).is_some_and(|c| c.link == link))
             .collect();
+        let total = on.len();
+        let mut ended = 0;
         for token in on {
-            self.fail_over_conn(lgr, token);
+            if !self.fail_over_conn(lgr, token) {
+                ended += 1;
+            }
+        }
+        if ended > 0 {
+            tracing::warn!(
+                lgr = lgr.0,
+                %link,
+                ended,
+                total,
+                "connections of the lost link could not fail over (no usable link left)"
+            );
         }
     }
 
-    /// Moves one connection off its link (see [`Endpoint::fail_over_link`]).
-    fn fail_over_conn(&mut self, lgr: LgrId, token: u32) {
+    /// Moves one connection off its link (see [`Endpoint::fail_over_link`]); false when
+    /// it could not move and ends.
+    fn fail_over_conn(&mut self, lgr: LgrId, token: u32) -> bool {
         let target = self.failover_target(lgr, token);
         let action = match target {
             Some(t) => {
@@ -901,9 +915,19 @@ impl Endpoint {
                 self.counters.failovers += 1;
                 ConnAction::Failover(t)
             }
-            None => ConnAction::Kill(AbortReason::LinkLost),
+            None => {
+                // §4.8.3: no active link on which the peer's RMB has an RToken.
+                tracing::debug!(
+                    lgr = lgr.0,
+                    token = format_args!("{token:#x}"),
+                    "connection cannot fail over: it ends"
+                );
+                ConnAction::Kill(AbortReason::LinkLost)
+            }
         };
+        let moved = matches!(action, ConnAction::Failover(_));
         self.out.push_back(Output::Conn { token, action });
+        moved
     }
 
     fn failover_target(&self, lgr: LgrId, token: u32) -> Option<FailoverTarget> {
