@@ -301,8 +301,18 @@ fn scripted_attacker_cannot_touch_another_transfer() {
     let stop = AtomicBool::new(false);
     let next_psn = AtomicU32::new(TRANSFER_PSN);
     let mut forged = 0u64;
+    /// Stops the transfer when the attack phase ends, also by a failed assertion: the
+    /// scope joins the transfer thread, which would otherwise loop for ever and turn a
+    /// failure into a hang (seen once in CI).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
     let rounds = std::thread::scope(|s| {
         let t = s.spawn(|| transfer(&dut, &peer, &stop, &next_psn));
+        let _stop = StopOnDrop(&stop);
         // 1. Forgeries aimed at the transfer, from the attacker's address:
         //    a WRITE at exactly the PSN the device expects next (executed,
         //    it would make the peer's real packet a duplicate and corrupt
@@ -440,10 +450,20 @@ fn scripted_attacker_cannot_touch_another_transfer() {
                     (true, psn)
                 );
             }
-            assert_eq!(
-                atk.expect(),
-                (Opcode::Acknowledge, 2148, Syndrome::NakInvalidRequest)
+            // Rejected while the first still streams (NAK Invalid Request); if the
+            // engine finished the first before it took the second from the socket, the
+            // resource is free again and the second is answered — also right (the
+            // deterministic proof is responder_resources_are_enforced). Seen in CI.
+            let second = atk.expect();
+            assert!(
+                second == (Opcode::Acknowledge, 2148, Syndrome::NakInvalidRequest)
+                    || (second.0 == Opcode::ReadResponseOnly && second.1 == 2148),
+                "{second:?}"
             );
+            if second.0 == Opcode::ReadResponseOnly {
+                // Not an error for the victim: end it as the NAK would have.
+                v7.qp.modify_to_err().unwrap();
+            }
         } else {
             eprintln!("skipping the responder-resources attack: SO_RCVBUFFORCE refused (not root)");
             v7.qp.modify_to_err().unwrap();
