@@ -870,6 +870,11 @@ impl Core {
         self.host.lingering.len()
     }
 
+    /// Destroys every lingering link now (process exit).
+    pub(crate) fn end_lingering(&mut self) {
+        self.host.expire_lingering(Instant::now(), true);
+    }
+
     pub(crate) fn terminate_all(&mut self, inner: &Arc<Inner>, now: Instant) {
         self.ep(inner, |ep, h| ep.terminate_all(now, h));
     }

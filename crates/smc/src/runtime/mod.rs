@@ -705,6 +705,12 @@ extern "C" fn global_at_exit() {
             if sent {
                 // Give the RNIC's thread a moment to put the messages on the wire.
                 std::thread::sleep(Duration::from_millis(20));
+                // Then no link lingers (`Stack::terminate_link_groups` waits for that;
+                // an exiting process cannot): their completion handlers must not run
+                // while the process tears itself down.
+                if let Ok(mut core) = stack.inner.core.try_lock() {
+                    core.end_lingering();
+                }
             }
         });
     if let Ok(t) = t {
