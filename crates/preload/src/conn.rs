@@ -265,7 +265,7 @@ enum Down {
     Urgent(u8),
 }
 
-/// How a pump ended.
+/// Why a direction of the pump ends everything.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum End {
     /// Both directions finished, or the application closed its end.
@@ -325,7 +325,7 @@ async fn pump(
     unix: tokio::net::UnixStream,
     app_file: Option<(u64, u64)>,
     c: &Counters,
-) -> End {
+) {
     let ufd = unix.as_raw_fd();
     // Urgent data (RFC 7609 §4.7.5) crosses as AF_UNIX MSG_OOB on the socketpair; the
     // program's SO_LINGER is on the TCP socket (exports.rs).
@@ -459,12 +459,11 @@ async fn pump(
                     reset_app_end(f);
                 }
             }
-            return end;
+            return;
         }
     }
     // Dropping the halves (and the urgent handle) closes the SMC-R connection (RFC 7609
     // §4.8.1, or an abort with unread data) and our end of the socketpair.
-    End::Closed
 }
 
 /// How long a non-blocking `connect()` waits for the TCP handshake before it leaves the
