@@ -37,6 +37,7 @@
 
 mod conn;
 mod listen;
+mod lock;
 mod real;
 mod report;
 mod sizes;
@@ -44,7 +45,8 @@ mod table;
 
 use std::cell::Cell;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -178,12 +180,37 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// A pidfd of the forking process while a fork is under way (-1: none): the child's
+/// inherited listeners watch it (`listen::forked`). Opened by the parent, before the
+/// fork, because the child cannot name its parent afterwards: a daemonizing parent may
+/// exit before the child runs its handler, and `getppid()` then names the reaper
+/// instead (the child would wait for the wrong process to end before taking over).
+static FORK_PIDFD: AtomicI32 = AtomicI32::new(-1);
+
 extern "C" fn fork_prepare() {
     // Held across fork(): the child's copy is then never locked by a thread it lacks.
-    std::mem::forget(table::TABLE.lock());
+    let t = table::TABLE.lock();
+    if table::has_listener(&t) {
+        // SAFETY: pidfd_open(2) of this process, with no flags.
+        let p =
+            unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(libc::getpid()), 0) };
+        FORK_PIDFD.store(if p >= 0 { p as c_int } else { -1 }, Ordering::Release);
+    }
+    std::mem::forget(t);
+}
+
+/// Closes the pidfd fork_prepare opened (the parent's copy, or the child's once used).
+fn close_fork_pidfd() {
+    let p = FORK_PIDFD.swap(-1, Ordering::AcqRel);
+    if p >= 0 {
+        // SAFETY: fork_prepare's descriptor, owned by nothing else. The system call:
+        // our interposed close would look at the table.
+        unsafe { libc::syscall(libc::SYS_close, libc::c_long::from(p)) };
+    }
 }
 
 extern "C" fn fork_parent() {
+    close_fork_pidfd();
     // SAFETY: fork_prepare locked it on this thread and forgot the guard.
     unsafe { table::TABLE.force_unlock() }
 }
@@ -194,7 +221,10 @@ extern "C" fn fork_child() {
     // The parent's pumps are not here; the child counts its own.
     LIVE_PUMPS.store(0, Ordering::Release);
     listen::UNWATCHED.store(0, Ordering::Release);
-    table::forked();
+    let parent = FORK_PIDFD.load(Ordering::Acquire);
+    // SAFETY: fork_prepare's descriptor, inherited; open until close_fork_pidfd below.
+    table::forked((parent >= 0).then(|| unsafe { BorrowedFd::borrow_raw(parent) }));
+    close_fork_pidfd();
 }
 
 /// A TCP socket of the internet families (the ones SMC serves).

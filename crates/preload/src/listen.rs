@@ -20,12 +20,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use libc::{c_int, sockaddr, socklen_t};
-use parking_lot::Mutex;
 use smc::{SmcListener, Stack};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::conn::{self, StreamEntry};
+use crate::lock::Mutex;
 use crate::report;
 use crate::{real, table};
 
@@ -312,7 +312,11 @@ fn take_over(entry: &Arc<ListenerEntry>) {
 /// In a forked child (the fork handler, with the table held): every listener becomes
 /// [`State::Inherited`] from the process that runs its accept task. The parent's
 /// entries are left alone (not dropped: their task is the parent's).
-pub(crate) fn forked(old: &Arc<ListenerEntry>) -> Arc<ListenerEntry> {
+/// `parent` is a pidfd of the forking process, opened by it before the fork.
+pub(crate) fn forked(
+    old: &Arc<ListenerEntry>,
+    parent: Option<BorrowedFd<'_>>,
+) -> Arc<ListenerEntry> {
     if old.state.is_locked() {
         // SAFETY: the child has one thread, this one; the holder was a parent's thread.
         unsafe { old.state.force_unlock() };
@@ -329,12 +333,22 @@ pub(crate) fn forked(old: &Arc<ListenerEntry>) -> Arc<ListenerEntry> {
             // table is held by this thread.
             // SAFETY: our inherited copy; nothing in the child uses it.
             unsafe { libc::syscall(libc::SYS_close, libc::c_long::from(*runtime_tcp)) };
-            // SAFETY: the parent is alive while it forks us (pidfd_open(2)).
-            let p = unsafe {
-                libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(libc::getppid()), 0)
-            };
-            // SAFETY: pidfd_open returned a new descriptor nothing else owns.
-            let owner = (p >= 0).then(|| unsafe { OwnedFd::from_raw_fd(p as RawFd) });
+            // Our own copy of the parent's pidfd (F_DUPFD_CLOEXEC through the system
+            // call: the table is held by this thread). Without one the listener is
+            // taken over at once, as if the parent were gone.
+            let owner = parent.and_then(|p| {
+                // SAFETY: fcntl(2) on a descriptor that is open for this call.
+                let d = unsafe {
+                    libc::syscall(
+                        libc::SYS_fcntl,
+                        libc::c_long::from(p.as_raw_fd()),
+                        libc::c_long::from(libc::F_DUPFD_CLOEXEC),
+                        libc::c_long::from(3),
+                    )
+                };
+                // SAFETY: a new descriptor nothing else owns.
+                (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d as RawFd) })
+            });
             // SAFETY: see above (the feed of the parent's task, inherited).
             let feed = unsafe { OwnedFd::from_raw_fd(*feed) };
             (Some(feed), owner)

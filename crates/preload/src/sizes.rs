@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use libc::c_int;
-use parking_lot::Mutex;
 use smc::BufSizes;
+
+use crate::lock::Mutex;
 
 /// The file a size was set on (device, inode): a reused descriptor number is not it.
 type File = (u64, u64);

@@ -8,14 +8,15 @@
 //! close descriptors, and `close` is interposed and looks here.
 
 use std::collections::BTreeMap;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use libc::c_int;
-use parking_lot::Mutex;
 
 use crate::conn::StreamEntry;
 use crate::listen::ListenerEntry;
+use crate::lock::Mutex;
 
 /// What a descriptor of ours is.
 #[derive(Clone)]
@@ -135,12 +136,19 @@ pub(crate) fn stream_fds() -> Vec<c_int> {
         .collect()
 }
 
+/// Whether the (locked) table holds a listener: a fork then needs a pidfd of the
+/// forking process (lib.rs, `fork_prepare`).
+pub(crate) fn has_listener(t: &BTreeMap<c_int, Slot>) -> bool {
+    t.values().any(|s| matches!(s.entry, Entry::Listener(_)))
+}
+
 /// In a forked child (its fork handler, the table unlocked and this the only thread):
 /// every listener entry is replaced by the child's own view of it
 /// ([`crate::listen::forked`]); the parent's entries are leaked, never dropped (their
 /// tasks and descriptors' owners are the parent's). Streams stay: their entries hold
 /// nothing of the parent's runtime.
-pub(crate) fn forked() {
+/// `parent`: a pidfd of the process that forked (`None` if it could not be opened).
+pub(crate) fn forked(parent: Option<BorrowedFd<'_>>) {
     let mut t = TABLE.lock();
     let mut made: Vec<(*const ListenerEntry, Arc<ListenerEntry>)> = Vec::new();
     for slot in t.values_mut() {
@@ -152,7 +160,7 @@ pub(crate) fn forked() {
         let new = match made.iter().find(|(k, _)| *k == key) {
             Some((_, n)) => n.clone(),
             None => {
-                let n = crate::listen::forked(old);
+                let n = crate::listen::forked(old, parent);
                 made.push((key, n.clone()));
                 n
             }

@@ -618,14 +618,32 @@ fn child() {
         // SAFETY: the daemon accepts, echoes, connects, and calls _exit.
         let d2 = unsafe { libc::fork() };
         if d2 == 0 {
+            // Waiting in poll() starts the takeover as accept() would. A connection
+            // that never comes (the test failed before it connected) ends the daemon
+            // instead of leaving it to hold the test's output open.
+            let mut p = libc::pollfd {
+                fd: l8.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd; the listener is open.
+            if unsafe { libc::poll(&mut p, 1, 90_000) } != 1 {
+                // SAFETY: ends the daemon.
+                unsafe { libc::_exit(3) };
+            }
             let ok = l8.accept().is_ok_and(|(mut s, _)| {
                 let mut b = [0u8; 5];
-                s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok()
+                s.set_read_timeout(Some(Duration::from_secs(60))).is_ok()
+                    && s.read_exact(&mut b).is_ok()
+                    && s.write_all(&b).is_ok()
             }) && TcpStream::connect(addr).is_ok_and(|mut c| {
-                c.write_all(b"child").is_ok() && c.shutdown(Shutdown::Write).is_ok() && {
-                    let mut e = Vec::new();
-                    c.read_to_end(&mut e).is_ok()
-                }
+                c.set_read_timeout(Some(Duration::from_secs(60))).is_ok()
+                    && c.write_all(b"child").is_ok()
+                    && c.shutdown(Shutdown::Write).is_ok()
+                    && {
+                        let mut e = Vec::new();
+                        c.read_to_end(&mut e).is_ok()
+                    }
             });
             // SAFETY: ends the daemon, running its exit handlers (the drain).
             unsafe { libc::exit(if ok { 0 } else { 1 }) };
