@@ -77,6 +77,87 @@ struct Counters {
     received: AtomicU64,
 }
 
+/// What a `close()` with `SO_LINGER` waits on: a pump of this process, by the file of the
+/// application's end of its socketpair.
+pub(crate) struct Progress {
+    /// Bytes the pump has read from the application and not yet handed to the
+    /// connection.
+    in_hand: AtomicU64,
+    /// The connection (its unconfirmed bytes); taken when the pump ends, so that the
+    /// connection closes (a handle keeps it open).
+    control: Mutex<Option<smc::tokio::Control>>,
+}
+
+/// A running pump: the file of the application's end, the process running it (a forked
+/// child has none of its parent's pumps), its progress.
+pub(crate) type PumpEntry = ((u64, u64), u32, Arc<Progress>);
+
+/// The running pumps. The fork handlers hold it across `fork()` (lib.rs), and a child
+/// leaks its copy of the parent's entries (their handles belong to the parent's runtime).
+pub(crate) static PUMPS: crate::lock::Mutex<Vec<PumpEntry>> = crate::lock::Mutex::new(Vec::new());
+
+fn pump_of(file: (u64, u64)) -> Option<Arc<Progress>> {
+    let pid = std::process::id();
+    PUMPS
+        .lock()
+        .iter()
+        .find(|(f, p, _)| *f == file && *p == pid)
+        .map(|(_, _, g)| g.clone())
+}
+
+/// `close()` of the last descriptor of an SMC-R stream whose TCP socket has `SO_LINGER`
+/// {1, t > 0} waits, at most t in all, as TCP's close waits for its data and FIN to be
+/// acknowledged: before the descriptor closes, until everything the program wrote is
+/// confirmed in the peer's RMB (out of the socketpair — SIOCOUTQ —, out of the pump, and
+/// acknowledged by the peer's RNIC); after it closed, until the pump has ended, having
+/// closed the connection (its close indication is posted). A program that leaves with
+/// `_exit` right after such a close has delivered its data and its close.
+pub(crate) struct Linger {
+    file: (u64, u64),
+    end: std::time::Instant,
+}
+
+impl Linger {
+    /// The first half (before the descriptor closes); `None` when `close()` does not
+    /// linger.
+    pub(crate) fn before_close(fd: c_int, entry: &StreamEntry) -> Option<Linger> {
+        let tcp = entry.tcp.as_ref()?;
+        let t = match socket2::SockRef::from(tcp).linger() {
+            Ok(Some(t)) if !t.is_zero() => t,
+            _ => return None,
+        };
+        let file = crate::table::file_of(fd)?;
+        if crate::table::fds_of_file(file).len() != 1 {
+            return None; // not the last descriptor: nothing closes yet
+        }
+        let p = pump_of(file)?;
+        let end = std::time::Instant::now() + t;
+        loop {
+            let mut outq: c_int = 0;
+            // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int.
+            let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut outq) };
+            let pending = (r == 0 && outq > 0)
+                || p.in_hand.load(Ordering::Acquire) > 0
+                || p.control
+                    .lock()
+                    .ok()
+                    .and_then(|c| c.as_ref().map(|c| c.unconfirmed()))
+                    .is_some_and(|n| n > 0);
+            if !pending || pump_of(file).is_none() || std::time::Instant::now() >= end {
+                return Some(Linger { file, end });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// The second half (the descriptor is closed): until the pump has ended.
+    pub(crate) fn after_close(self) {
+        while pump_of(self.file).is_some() && std::time::Instant::now() < self.end {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 /// Joins an SMC-R stream to a new socketpair: returns the application's end
 /// (close-on-exec, blocking); the pump runs until both ends are done.
 pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
@@ -115,7 +196,20 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
                 return;
             }
         };
-        pump(stream, unix, app_file, &c).await;
+        let progress = Arc::new(Progress {
+            in_hand: AtomicU64::new(0),
+            control: Mutex::new(stream.control()),
+        });
+        if let Some(f) = app_file {
+            PUMPS.lock().push((f, std::process::id(), progress.clone()));
+        }
+        pump(stream, unix, app_file, &c, &progress).await;
+        // The last handle goes first: the connection closes (its close indication is
+        // posted) before a lingering close() learns that the pump ended.
+        if let Ok(mut h) = progress.control.lock() {
+            h.take();
+        }
+        PUMPS.lock().retain(|(_, _, g)| !Arc::ptr_eq(g, &progress));
         report::line(format_args!(
             "close local={local} peer={peer} mode=SMC-R sent={} received={}",
             c.sent.load(Ordering::Relaxed),
@@ -186,7 +280,14 @@ enum Up {
 /// but a read that *starts* at it drops the urgent byte; so a read happens only when
 /// the queue's head is known to be in-band data: a one-byte peek found data, and
 /// then the head was not the mark (only this task consumes; new data goes to the tail).
-async fn up_step(unix: &tokio::net::UnixStream, buf: &mut [u8]) -> io::Result<Up> {
+/// `in_hand` is set before the read that takes data out of the socketpair and keeps its
+/// count (the caller clears it once the connection has the bytes): a lingering `close()`
+/// never sees the data in neither place.
+async fn up_step(
+    unix: &tokio::net::UnixStream,
+    buf: &mut [u8],
+    in_hand: &AtomicU64,
+) -> io::Result<Up> {
     let fd = unix.as_raw_fd();
     loop {
         unix.readable().await?;
@@ -204,11 +305,22 @@ async fn up_step(unix: &tokio::net::UnixStream, buf: &mut [u8]) -> io::Result<Up
             }
         }
         match peeked {
-            Ok(_) => match unix.try_read(buf) {
-                Ok(n) => return Ok(Up::Data(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
-            },
+            Ok(_) => {
+                in_hand.store(u64::MAX, Ordering::Release);
+                match unix.try_read(buf) {
+                    Ok(n) => {
+                        in_hand.store(n as u64, Ordering::Release);
+                        return Ok(Up::Data(n));
+                    }
+                    Err(e) => {
+                        in_hand.store(0, Ordering::Release);
+                        if e.kind() == io::ErrorKind::WouldBlock {
+                            continue;
+                        }
+                        return Err(e);
+                    }
+                }
+            }
             // Nothing in-band (an urgent byte alone was handled above).
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -325,6 +437,7 @@ async fn pump(
     unix: tokio::net::UnixStream,
     app_file: Option<(u64, u64)>,
     c: &Counters,
+    progress: &Progress,
 ) {
     let ufd = unix.as_raw_fd();
     // Urgent data (RFC 7609 §4.7.5) crosses as AF_UNIX MSG_OOB on the socketpair; the
@@ -337,7 +450,7 @@ async fn pump(
     let up = async {
         let mut buf = vec![0u8; CHUNK];
         loop {
-            match up_step(unix, &mut buf).await {
+            match up_step(unix, &mut buf, &progress.in_hand).await {
                 Ok(Up::Data(0)) => {
                     tracing::debug!("application end: end of file");
                     if peer_end_closed(ufd) {
@@ -353,7 +466,9 @@ async fn pump(
                     return None;
                 }
                 Ok(Up::Data(n)) => {
-                    if let Err(e) = sw.write_all(&buf[..n]).await {
+                    let w = sw.write_all(&buf[..n]).await;
+                    progress.in_hand.store(0, Ordering::Release);
+                    if let Err(e) = w {
                         tracing::debug!(error = %e, "SMC-R connection failed");
                         return Some(if is_reset(&e) {
                             End::Reset

@@ -126,6 +126,10 @@ pub unsafe extern "C" fn accept4(
 /// As for close(2).
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    let linger = match table::lookup(fd) {
+        Some(table::Entry::Stream(e)) => crate::conn::Linger::before_close(fd, &e),
+        _ => None,
+    };
     let removed = table::remove(fd);
     sizes::forget(fd);
     let r = match real::close() {
@@ -134,6 +138,11 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         None => missing(),
     };
     drop_keeping_errno(removed);
+    if let Some(l) = linger {
+        let e = real::errno();
+        l.after_close();
+        real::set_errno(e);
+    }
     r
 }
 
@@ -376,7 +385,8 @@ pub unsafe extern "C" fn getsockopt(
 /// IP/IPv6/TCP options, SO_KEEPALIVE and SO_LINGER go to the connection's TCP socket
 /// (Linux SMC sets them on its CLC socket: TCP keepalive probes the idle connection,
 /// whose failure resets the SMC-R one; the pump aborts a connection closed with linger
-/// 0); other SOL_SOCKET options go to the socketpair end
+/// 0, and `close()` waits with a linger time above 0, [`crate::conn::Linger`]); other
+/// SOL_SOCKET options go to the socketpair end
 /// (SO_RCVBUF/SO_SNDBUF size its buffers); without the TCP socket IP/IPv6/TCP options
 /// are kept for getsockopt. The pump sends at once, as with TCP_NODELAY. On a listener:
 /// the listening TCP socket's.

@@ -197,6 +197,7 @@ extern "C" fn fork_prepare() {
         FORK_PIDFD.store(if p >= 0 { p as c_int } else { -1 }, Ordering::Release);
     }
     std::mem::forget(t);
+    std::mem::forget(conn::PUMPS.lock());
 }
 
 /// Closes the pidfd fork_prepare opened (the parent's copy, or the child's once used).
@@ -211,13 +212,22 @@ fn close_fork_pidfd() {
 
 extern "C" fn fork_parent() {
     close_fork_pidfd();
-    // SAFETY: fork_prepare locked it on this thread and forgot the guard.
-    unsafe { table::TABLE.force_unlock() }
+    // SAFETY: fork_prepare locked them on this thread and forgot the guards.
+    unsafe {
+        conn::PUMPS.force_unlock();
+        table::TABLE.force_unlock();
+    }
 }
 
 extern "C" fn fork_child() {
     // SAFETY: as in fork_parent (the child has only this thread).
-    unsafe { table::TABLE.force_unlock() }
+    unsafe {
+        conn::PUMPS.force_unlock();
+        table::TABLE.force_unlock();
+    }
+    // The parent's pumps run in the parent: their entries (and the connection handles
+    // in them) are leaked, never dropped here.
+    std::mem::forget(std::mem::take(&mut *conn::PUMPS.lock()));
     // The parent's pumps are not here; the child counts its own.
     LIVE_PUMPS.store(0, Ordering::Release);
     listen::UNWATCHED.store(0, Ordering::Release);

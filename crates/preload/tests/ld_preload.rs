@@ -51,16 +51,34 @@ fn library() -> PathBuf {
 /// software RNIC) or on (the default between smc-rs stacks of one host, docs/samehost.md);
 /// returns the stats lines.
 fn run_child(same_host: bool) -> String {
+    let log = run_under_preload("child", same_host);
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    // Eleven connections (blocking; non-blocking with poll and epoll; dup; two around a
+    // fork; one accepted by a forked child; urgent data; buffer sizes; SO_LINGER 0; one
+    // accepted by a daemonized grandchild after its parent exited, one it opened), each
+    // seen by the connecting and the accepting side, each pump finished by the exit.
+    assert_eq!(count(" connect "), 11, "{log}");
+    assert_eq!(count(" accept "), 11, "{log}");
+    assert_eq!(count("mode=SMC-R info="), 22, "{log}");
+    assert_eq!(count(" close "), 22, "{log}");
+    assert_eq!(count("info=\"taken over\""), 1, "{log}");
+    assert!(!log.contains("mode=TCP"), "{log}");
+    log
+}
+
+/// Runs the ignored test `name` of this file under LD_PRELOAD (see [`run_child`]) and
+/// returns the stats lines; panics with its output if it fails.
+fn run_under_preload(name: &str, same_host: bool) -> String {
     let tag = if same_host { "samehost" } else { "rdma" };
-    let stats =
-        std::env::temp_dir().join(format!("smc-preload-test-{}-{tag}.log", std::process::id()));
-    let dir = std::env::temp_dir().join(format!("smc-preload-test-{}-sockets", std::process::id()));
+    let pid = std::process::id();
+    let stats = std::env::temp_dir().join(format!("smc-preload-test-{pid}-{name}-{tag}.log"));
+    let dir = std::env::temp_dir().join(format!("smc-preload-test-{pid}-{name}-sockets"));
     let _ = std::fs::remove_file(&stats);
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            "child",
+            name,
             "--nocapture",
             "--test-threads=1",
         ])
@@ -79,22 +97,11 @@ fn run_child(same_host: bool) -> String {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         out.status.success(),
-        "child ({tag}) failed: {}\n--- stdout\n{}\n--- stderr\n{}\n--- stats\n{log}",
+        "{name} ({tag}) failed: {}\n--- stdout\n{}\n--- stderr\n{}\n--- stats\n{log}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
-    // Eleven connections (blocking; non-blocking with poll and epoll; dup; two around a
-    // fork; one accepted by a forked child; urgent data; buffer sizes; SO_LINGER 0; one
-    // accepted by a daemonized grandchild after its parent exited, one it opened), each
-    // seen by the connecting and the accepting side, each pump finished by the exit.
-    assert_eq!(count(" connect "), 11, "{log}");
-    assert_eq!(count(" accept "), 11, "{log}");
-    assert_eq!(count("mode=SMC-R info="), 22, "{log}");
-    assert_eq!(count(" close "), 22, "{log}");
-    assert_eq!(count("info=\"taken over\""), 1, "{log}");
-    assert!(!log.contains("mode=TCP"), "{log}");
     log
 }
 
@@ -685,5 +692,53 @@ fn child() {
     assert!(
         libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
         "daemon {st}"
+    );
+}
+
+/// `close()` with `SO_LINGER` {1, t > 0} returns once what was written is confirmed in the
+/// peer's RMB, as TCP's returns once its data is acknowledged: a forked child writes
+/// 1 MiB, closes with a linger time and leaves with `_exit` (no exit handler drains
+/// anything); the server still reads every byte. On both paths (SMC-R, same host).
+#[test]
+fn so_linger_close_waits_under_ld_preload() {
+    run_under_preload("child_linger", false);
+    run_under_preload("child_linger", true);
+}
+
+#[test]
+#[ignore = "run by so_linger_close_waits_under_ld_preload, under LD_PRELOAD"]
+fn child_linger() {
+    const LEN: usize = 1 << 20;
+    let server = std::env::var("SMC_PRELOAD_TEST_SERVER").expect("run by the parent test");
+    let l = TcpListener::bind(format!("{server}:0")).unwrap();
+    let addr = l.local_addr().unwrap();
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 7 + i / 4096) as u8).collect();
+    // SAFETY: the child connects, writes, closes and calls _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let ok = (|| -> std::io::Result<()> {
+            let mut c = TcpStream::connect(addr)?;
+            socket2::SockRef::from(&c).set_linger(Some(Duration::from_secs(20)))?;
+            c.write_all(&data)?;
+            drop(c); // close(): waits until the data is confirmed
+            Ok(())
+        })()
+        .is_ok();
+        // SAFETY: ends the child at once: no exit handler, no drain of the pumps.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = vec![0u8; LEN];
+    s.read_exact(&mut got)
+        .expect("every byte written before the lingering close");
+    assert!(got == data, "the bytes arrived intact");
+    let mut st = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "child status {st}"
     );
 }

@@ -195,6 +195,13 @@ impl Control {
         }
     }
 
+    /// Bytes written to the connection that are not yet confirmed in the peer's RMB
+    /// (unsent, or sent and not yet acknowledged by the peer's RNIC): 0 once all of it
+    /// arrived, which is what a TCP `close()` with `SO_LINGER` waits for.
+    pub fn unconfirmed(&self) -> u64 {
+        self.h.conn.lock().conn.snapshot().tx_unacked
+    }
+
     /// Aborts the connection (RFC 7609 §4.8.2): unsent and unread data is discarded and
     /// the peer sees a reset.
     pub fn abort(&self) {
