@@ -105,6 +105,30 @@ fn pump_of(file: (u64, u64)) -> Option<Arc<Progress>> {
         .map(|(_, _, g)| g.clone())
 }
 
+/// `setsockopt(IPPROTO_TCP, TCP_CORK | TCP_NODELAY)` on an SMC-R stream (already set on
+/// its TCP socket, which answers getsockopt): the option also applies to the
+/// connection, as Linux SMC honours both on its data path — corked data waits for more
+/// (at most 200 ms), and TCP_NODELAY sends what is held. Through this process's pump of
+/// the descriptor; a forked child writing through its parent's pump leaves the
+/// connection as it is.
+pub(crate) fn tcp_option_set(fd: c_int, name: c_int, on: bool) {
+    let Some(p) = crate::table::file_of(fd).and_then(pump_of) else {
+        tracing::debug!(
+            fd,
+            "TCP option not applied to the connection: no pump of ours"
+        );
+        return;
+    };
+    let Ok(c) = p.control.lock() else {
+        return;
+    };
+    match (c.as_ref(), name) {
+        (Some(c), libc::TCP_CORK) => c.set_cork(on),
+        (Some(c), libc::TCP_NODELAY) => c.set_nodelay(on),
+        _ => {}
+    }
+}
+
 /// `close()` of the last descriptor of an SMC-R stream whose TCP socket has `SO_LINGER`
 /// {1, t > 0} waits, at most t in all, as TCP's close waits for its data and FIN to be
 /// acknowledged: before the descriptor closes, until everything the program wrote is
@@ -178,31 +202,26 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
             crate::LIVE_PUMPS.fetch_sub(1, Ordering::AcqRel);
         }
     }
+    // Registered with the runtime here, not in the task: the pump's progress is listed
+    // (PUMPS) before the program holds the descriptor, so that a setsockopt or a
+    // lingering close() right after connect()/accept() finds it.
+    let (stream, unix) = crate::guarded(|| {
+        let _rt = crate::runtime().enter();
+        let stream = smc::tokio::SmcStream::from_std(s)?;
+        let unix = tokio::net::UnixStream::from_std(ours)?;
+        Ok((stream, unix))
+    })?;
+    let progress = Arc::new(Progress {
+        in_hand: AtomicU64::new(0),
+        control: Mutex::new(stream.control()),
+    });
+    if let Some(f) = app_file {
+        PUMPS.lock().push((f, std::process::id(), progress.clone()));
+    }
     crate::LIVE_PUMPS.fetch_add(1, Ordering::AcqRel);
     let live = Live;
     crate::runtime().spawn(async move {
         let _live = live;
-        let stream = match smc::tokio::SmcStream::from_std(s) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(error = %e, "SMC-R stream not usable from tokio");
-                return;
-            }
-        };
-        let unix = match tokio::net::UnixStream::from_std(ours) {
-            Ok(u) => u,
-            Err(e) => {
-                tracing::warn!(error = %e, "socketpair not usable from tokio");
-                return;
-            }
-        };
-        let progress = Arc::new(Progress {
-            in_hand: AtomicU64::new(0),
-            control: Mutex::new(stream.control()),
-        });
-        if let Some(f) = app_file {
-            PUMPS.lock().push((f, std::process::id(), progress.clone()));
-        }
         pump(stream, unix, app_file, &c, &progress).await;
         // The last handle goes first: the connection closes (its close indication is
         // posted) before a lingering close() learns that the pump ended.

@@ -42,7 +42,10 @@
 //!   there is window (§4.5.2, no Nagle) unless corking is configured (SS-2); corking is
 //!   Linux-style "autocorking": it only defers while a CDC is in flight, so the send
 //!   completion is the flush timer and data is always eventually sent; `TCP_NODELAY`
-//!   turns it off (SS-3).
+//!   turns it off (SS-3). `TCP_CORK` ([`Conn::set_cork`], tcp(7), Linux SMC's
+//!   `smc_tx_should_cork`) holds partial data for at most [`CORK_MAX_HOLD`] unless the
+//!   send buffer or the window is full, urgent data or the close is due, or
+//!   `TCP_NODELAY` is set.
 //! * **B flag** (§4.5.1, §4.7.4; WIN-9): set on a CDC when data is left over that does
 //!   not fit the window. If the application adds data while the window is already full
 //!   and the last CDC said B = 0, a data-less CDC with B = 1 tells the peer (§4.7.6 step 1
@@ -107,6 +110,7 @@ use tracing::{debug, warn};
 pub use cdc::{seq_before, CdcRepr, ConnStateFlags, ProducerFlags};
 pub use close::State;
 pub use cursor::{Cursor, GeometryError, RmbeGeometry};
+pub use tx::CORK_MAX_HOLD;
 
 use close::CloseState;
 use rx::RxState;
@@ -605,12 +609,32 @@ impl Conn {
         self.local_token
     }
 
-    /// Set `TCP_NODELAY`. Turning it on flushes corked data.
+    /// Set `TCP_NODELAY`. Turning it on flushes corked data, also data held by
+    /// `TCP_CORK` (once: tcp(7), "setting this option forces an explicit flush of
+    /// pending output, even if TCP_CORK is currently set").
     pub fn set_nodelay(&mut self, on: bool) {
         self.cfg.nodelay = on;
         if on && self.tx.app > self.tx.sent {
+            self.tx.cork_push = self.tx.corked;
             self.events |= Events::TRANSMIT;
         }
+    }
+
+    /// Set `TCP_CORK` ([`CORK_MAX_HOLD`]): while on, partial data waits for more;
+    /// turning it off sends what is held at once.
+    pub fn set_cork(&mut self, on: bool) {
+        self.tx.corked = on;
+        if !on {
+            self.tx.cork_deadline = None;
+            if self.tx.app > self.tx.sent {
+                self.events |= Events::TRANSMIT;
+            }
+        }
+    }
+
+    /// Whether `TCP_CORK` is set.
+    pub fn corked(&self) -> bool {
+        self.tx.corked
     }
 
     /// Set `SO_OOBINLINE`.
@@ -652,14 +676,22 @@ impl Conn {
 
     /// The earliest time [`Conn::on_timeout`] must be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.cl.deadline, self.tx.stall_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            self.cl.deadline,
+            self.tx.stall_deadline,
+            self.tx.cork_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Run expired timers.
     pub fn on_timeout(&mut self, now: Instant) {
+        if self.tx.cork_deadline.is_some_and(|d| d <= now) {
+            // The held data goes now (poll_transmit sees the deadline passed).
+            self.events |= Events::TRANSMIT;
+        }
         if self.tx.stall_deadline.is_some_and(|d| d <= now) {
             self.tx.stall_deadline = None;
             if self.tx_blocked() {

@@ -66,6 +66,8 @@ pub struct HostConfig {
     /// Initial cursor of the data flowing *into* this host's RMBE (both hosts agree on
     /// it); `None` = `(0, data_off)`.
     pub rx_start: Option<Cursor>,
+    /// `TCP_CORK` set on this host's connection from the start ([`Conn::set_cork`]).
+    pub tcp_cork: bool,
 }
 
 impl HostConfig {
@@ -76,6 +78,7 @@ impl HostConfig {
             sndbuf_len,
             conn: ConnConfig::default(),
             rx_start: None,
+            tcp_cork: false,
         }
     }
 }
@@ -141,7 +144,8 @@ impl Host {
         if let Some(c) = peer.rx_start {
             params.tx_start = c;
         }
-        let conn = Conn::new(params, cfg.conn.clone()).expect("simulator host parameters");
+        let mut conn = Conn::new(params, cfg.conn.clone()).expect("simulator host parameters");
+        conn.set_cork(cfg.tcp_cork);
         let len = cfg.rmbe.elem_len() as usize;
         let mut rmbe = vec![0u8; len];
         let h = cfg.rmbe.data_off() as usize;

@@ -13,7 +13,7 @@
 //! * `peer_cons`: the peer's consumer cursor, the left edge of our window:
 //!   `sent − peer_cons ≤ cap` at all times (WIN-1).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, trace};
 
@@ -44,6 +44,12 @@ pub(super) struct TxState {
     pub(super) r_active: bool,
     /// A probe CDC with R is due.
     pub(super) r_needed: bool,
+    /// `TCP_CORK` is set ([`Conn::set_cork`]).
+    pub(super) corked: bool,
+    /// While corked: when the data held since the last transmission must go anyway.
+    pub(super) cork_deadline: Option<Instant>,
+    /// Send what is held once, cork or not (`TCP_NODELAY` set while corked, tcp(7)).
+    pub(super) cork_push: bool,
 }
 
 impl TxState {
@@ -62,9 +68,16 @@ impl TxState {
             stall_deadline: None,
             r_active: false,
             r_needed: false,
+            corked: false,
+            cork_deadline: None,
+            cork_push: false,
         }
     }
 }
+
+/// How long `TCP_CORK` holds partial data at most (tcp(7): "a 200 millisecond ceiling";
+/// Linux SMC's own is SMC_TX_CORK_DELAY, 250 ms).
+pub const CORK_MAX_HOLD: Duration = Duration::from_millis(200);
 
 impl Conn {
     /// Where the application may copy data: up to two regions of the sndbuf.
@@ -168,6 +181,36 @@ impl Conn {
             && self.cl.want.is_empty()
     }
 
+    /// `TCP_CORK` (tcp(7); Linux SMC honours it in `smc_tx_should_cork`): hold the
+    /// data the application writes until the send buffer is full, the cork is removed,
+    /// or [`CORK_MAX_HOLD`] has passed since the first byte was held. Urgent data and
+    /// the closing flags are never held (they flush what precedes them).
+    fn cork_holds(&mut self, n: u64, now: Instant) -> bool {
+        if !self.tx.corked || n == 0 || std::mem::take(&mut self.tx.cork_push) {
+            self.tx.cork_deadline = None;
+            return false;
+        }
+        // A full send buffer, or more unsent than the peer's window takes now (TCP sends
+        // full segments while corked): nothing is gained by waiting.
+        let full = self.tx.app - self.tx.acked >= u64::from(self.sndbuf_len)
+            || self.tx.app - self.tx.sent > n;
+        if full || self.tx.urg.is_some() || !self.cl.want.is_empty() {
+            self.tx.cork_deadline = None;
+            return false;
+        }
+        match self.tx.cork_deadline {
+            None => {
+                self.tx.cork_deadline = Some(now + CORK_MAX_HOLD);
+                true
+            }
+            Some(d) if now < d => true,
+            Some(_) => {
+                self.tx.cork_deadline = None;
+                false
+            }
+        }
+    }
+
     /// The next RDMA WRITEs + CDC to post, if any. Call until `None` after every input.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         let t = self.next_transmit(now);
@@ -202,7 +245,10 @@ impl Conn {
             return None;
         }
         let mut n = self.tx_sendable();
-        if self.should_cork(n) {
+        if self.cork_holds(n, now) {
+            trace!(token = self.local_token, n, "held by TCP_CORK");
+            n = 0;
+        } else if self.should_cork(n) {
             trace!(token = self.local_token, n, "corked");
             n = 0;
         }

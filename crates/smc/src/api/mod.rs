@@ -700,6 +700,30 @@ impl SmcStream {
         }
     }
 
+    /// `TCP_CORK` (tcp(7)): while set, partial data waits for more — until the send
+    /// buffer is full, the cork is removed, or [`smc_proto::conn::CORK_MAX_HOLD`]
+    /// (200 ms) has passed; removing it sends what is held at once. Urgent data and
+    /// closing are never held. On a fallback, the TCP socket's option.
+    pub fn set_cork(&self, on: bool) -> io::Result<()> {
+        match &self.inner {
+            Inner2::Smc(h) => {
+                let mut st = h.conn.lock();
+                st.conn.set_cork(on);
+                h.conn.drive(&mut st, Instant::now());
+                Ok(())
+            }
+            Inner2::Tcp(s, _) => socket2::SockRef::from(s).set_tcp_cork(on),
+        }
+    }
+
+    /// Whether `TCP_CORK` is set ([`SmcStream::set_cork`]).
+    pub fn cork(&self) -> io::Result<bool> {
+        match &self.inner {
+            Inner2::Smc(h) => Ok(h.conn.lock().conn.corked()),
+            Inner2::Tcp(s, _) => socket2::SockRef::from(s).tcp_cork(),
+        }
+    }
+
     /// `SO_OOBINLINE`: the urgent byte stays in the stream.
     pub fn set_oob_inline(&self, on: bool) -> io::Result<()> {
         match &self.inner {

@@ -202,6 +202,22 @@ impl Control {
         self.h.conn.lock().conn.snapshot().tx_unacked
     }
 
+    /// `TCP_CORK` on the connection, as the std `SmcStream::set_cork` (smc-preload
+    /// forwards a program's `setsockopt` here).
+    pub fn set_cork(&self, on: bool) {
+        let mut st = self.h.conn.lock();
+        st.conn.set_cork(on);
+        self.h.conn.drive(&mut st, std::time::Instant::now());
+    }
+
+    /// `TCP_NODELAY` on the connection, as the std `SmcStream::set_nodelay`: setting it
+    /// also sends what `TCP_CORK` holds, once (tcp(7)).
+    pub fn set_nodelay(&self, on: bool) {
+        let mut st = self.h.conn.lock();
+        st.conn.set_nodelay(on);
+        self.h.conn.drive(&mut st, std::time::Instant::now());
+    }
+
     /// Aborts the connection (RFC 7609 §4.8.2): unsent and unread data is discarded and
     /// the peer sees a reset.
     pub fn abort(&self) {

@@ -400,6 +400,91 @@ fn tc_flow_12_coalescing_timer_and_nodelay() {
     assert_eq!(c.poll_transmit(now).unwrap().data_len(), 10);
 }
 
+/// TCP_CORK (tcp(7), Linux SMC's `smc_tx_should_cork`): small writes wait while corked
+/// and go out together when the cork is removed.
+#[test]
+fn tcp_cork_holds_until_uncorked() {
+    let mut c = lone(ConnConfig::default());
+    let now = t0();
+    c.set_cork(true);
+    assert!(c.corked());
+    commit(&mut c, 10);
+    assert!(c.poll_transmit(now).is_none(), "held by the cork");
+    assert_eq!(c.poll_timeout(), Some(now + CORK_MAX_HOLD));
+    commit(&mut c, 10);
+    assert!(c.poll_transmit(now).is_none());
+    c.take_events();
+    c.set_cork(false);
+    assert!(c.take_events().contains(Events::TRANSMIT));
+    assert_eq!(c.poll_transmit(now).expect("uncorked").data_len(), 20);
+    assert_eq!(c.poll_timeout(), None);
+}
+
+/// TCP_CORK holds data at most 200 ms from the first held byte; the timer sends it.
+#[test]
+fn tcp_cork_holds_at_most_its_ceiling() {
+    let mut c = lone(ConnConfig::default());
+    let now = t0();
+    c.set_cork(true);
+    commit(&mut c, 10);
+    assert!(c.poll_transmit(now).is_none());
+    let later = now + CORK_MAX_HOLD - Duration::from_millis(1);
+    commit(&mut c, 5);
+    assert!(
+        c.poll_transmit(later).is_none(),
+        "the deadline is the first byte's"
+    );
+    let due = c.poll_timeout().expect("the cork's deadline");
+    assert_eq!(due, now + CORK_MAX_HOLD);
+    c.take_events();
+    c.on_timeout(due);
+    assert!(c.take_events().contains(Events::TRANSMIT));
+    assert_eq!(
+        c.poll_transmit(due).expect("ceiling reached").data_len(),
+        15
+    );
+    // Still corked: the next small write is held again, with a fresh deadline.
+    commit(&mut c, 1);
+    assert!(c.poll_transmit(due).is_none());
+    assert_eq!(c.poll_timeout(), Some(due + CORK_MAX_HOLD));
+}
+
+/// What TCP_CORK never holds: more than the peer's window takes now (a full "segment"),
+/// the urgent byte, the close, and data flushed by TCP_NODELAY (once).
+#[test]
+fn tcp_cork_sends_full_windows_urgent_close_and_nodelay() {
+    let now = t0();
+    // More than the window (the RMB is 10,000 bytes): a full window goes at once.
+    let mut c = lone(ConnConfig::default());
+    c.set_cork(true);
+    commit(&mut c, 12_000);
+    let t = c.poll_transmit(now).expect("window-limited: sent");
+    assert!(t.data_len() < 12_000);
+    // Urgent data flushes what precedes it.
+    let mut c = lone(ConnConfig::default());
+    c.set_cork(true);
+    commit(&mut c, 10);
+    assert!(c.poll_transmit(now).is_none());
+    c.tx_commit(1, true).unwrap();
+    assert_eq!(c.poll_transmit(now).expect("urgent").data_len(), 11);
+    // Closing flushes.
+    let mut c = lone(ConnConfig::default());
+    c.set_cork(true);
+    commit(&mut c, 10);
+    assert!(c.poll_transmit(now).is_none());
+    c.shutdown_write(now).unwrap();
+    assert_eq!(c.poll_transmit(now).expect("shutdown").data_len(), 10);
+    // TCP_NODELAY flushes what is held, once; the cork stays.
+    let mut c = lone(ConnConfig::default());
+    c.set_cork(true);
+    commit(&mut c, 10);
+    assert!(c.poll_transmit(now).is_none());
+    c.set_nodelay(true);
+    assert_eq!(c.poll_transmit(now).expect("nodelay").data_len(), 10);
+    commit(&mut c, 10);
+    assert!(c.poll_transmit(now).is_none(), "still corked");
+}
+
 /// TC-FLOW-15 no_eyecatcher_mode_interop: Linux layout, cursors and writes from 0.
 #[test]
 fn tc_flow_15_no_eyecatcher_mode_interop() {

@@ -8,7 +8,8 @@ use crate::conn::sim::{run_random, RandomOpts, RandomReport, Rng};
 use proptest::prelude::*;
 
 /// Random but valid host parameters: small rings (so that both rings wrap often), both
-/// RMBE layouts, both update policies, corking, a small in-flight table.
+/// RMBE layouts, both update policies, corking (auto and TCP_CORK), a small in-flight
+/// table.
 fn host(rng: &mut Rng, inline: bool) -> HostConfig {
     let off = if rng.chance(50) { 4 } else { 0 };
     let cap = 8 + rng.below(6000) as u32;
@@ -22,6 +23,7 @@ fn host(rng: &mut Rng, inline: bool) -> HostConfig {
         }
     };
     h.conn.cork = rng.chance(30);
+    h.tcp_cork = rng.chance(25);
     h.conn.nodelay = rng.chance(20);
     h.conn.max_inflight = 1 + rng.below(16) as u16;
     h.conn.oob_inline = inline;
