@@ -333,20 +333,7 @@ pub unsafe extern "C" fn getsockopt(
         Some(Entry::Stream(s)) => {
             if let Some(t) = s.tcp_for(level, name) {
                 // SAFETY: the caller's arguments, on the connection's TCP socket.
-                let r = unsafe { f(t, level, name, val, len) };
-                if r == 0
-                    && level == libc::IPPROTO_TCP
-                    && matches!(name, libc::TCP_CORK | libc::TCP_NODELAY)
-                    && !val.is_null()
-                    && len as usize >= std::mem::size_of::<c_int>()
-                {
-                    // SAFETY: `val` holds an int (the kernel just read one from it).
-                    let on = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) } != 0;
-                    let e = real::errno();
-                    crate::conn::tcp_option_set(fd, name, on);
-                    real::set_errno(e);
-                }
-                return r;
+                return unsafe { f(t, level, name, val, len) };
             }
             if level == libc::SOL_SOCKET {
                 return match name {
@@ -434,7 +421,20 @@ pub unsafe extern "C" fn setsockopt(
         Some(Entry::Stream(s)) => {
             if let Some(t) = s.tcp_for(level, name) {
                 // SAFETY: the caller's arguments, on the connection's TCP socket.
-                return unsafe { f(t, level, name, val, len) };
+                let r = unsafe { f(t, level, name, val, len) };
+                if r == 0
+                    && level == libc::IPPROTO_TCP
+                    && matches!(name, libc::TCP_CORK | libc::TCP_NODELAY)
+                    && !val.is_null()
+                    && len as usize >= std::mem::size_of::<c_int>()
+                {
+                    // SAFETY: `val` holds an int (the kernel just read one from it).
+                    let on = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) } != 0;
+                    let e = real::errno();
+                    crate::conn::tcp_option_set(fd, name, on);
+                    real::set_errno(e);
+                }
+                return r;
             }
             if level == libc::SOL_SOCKET {
                 // SAFETY: the caller's arguments on the socketpair end.

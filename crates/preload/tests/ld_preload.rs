@@ -604,8 +604,8 @@ fn child() {
     let c12 = TcpStream::connect(addr).unwrap();
     let (mut s12, _) = l.accept().unwrap();
     let c12s = socket2::SockRef::from(&c12);
+    // No getsockopt before the check below: the setsockopt alone must cork.
     c12s.set_tcp_cork(true).unwrap();
-    assert!(c12s.tcp_cork().unwrap());
     let t12 = std::time::Instant::now();
     (&c12).write_all(b"co").unwrap();
     (&c12).write_all(b"rk").unwrap();
@@ -620,6 +620,7 @@ fn child() {
     if t12.elapsed() < Duration::from_millis(150) {
         assert_eq!(queued, 0, "held by TCP_CORK");
     }
+    assert!(c12s.tcp_cork().unwrap());
     c12s.set_tcp_cork(false).unwrap();
     assert!(!c12s.tcp_cork().unwrap());
     s12.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
