@@ -15,6 +15,7 @@
 //! application's end is closed (POLLHUP on ours) the connection is closed, aborted if
 //! data was still arriving (§4.8.2), as TCP sends RST.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
@@ -88,21 +89,23 @@ pub(crate) struct Progress {
     control: Mutex<Option<smc::tokio::Control>>,
 }
 
-/// A running pump: the file of the application's end, the process running it (a forked
-/// child has none of its parent's pumps), its progress.
-pub(crate) type PumpEntry = ((u64, u64), u32, Arc<Progress>);
+/// The running pumps, by the file of the application's end: the process running each
+/// (belt and braces: a forked child empties its copy) and its progress. The fork
+/// handlers hold it across `fork()` (lib.rs), and a child leaks its copy of the
+/// parent's entries (their handles belong to the parent's runtime).
+pub(crate) static PUMPS: crate::lock::Mutex<BTreeMap<FileId, (u32, Arc<Progress>)>> =
+    crate::lock::Mutex::new(BTreeMap::new());
 
-/// The running pumps. The fork handlers hold it across `fork()` (lib.rs), and a child
-/// leaks its copy of the parent's entries (their handles belong to the parent's runtime).
-pub(crate) static PUMPS: crate::lock::Mutex<Vec<PumpEntry>> = crate::lock::Mutex::new(Vec::new());
+/// A file's identity (st_dev, st_ino), as `table::file_of` gives it.
+type FileId = (u64, u64);
 
 fn pump_of(file: (u64, u64)) -> Option<Arc<Progress>> {
     let pid = std::process::id();
     PUMPS
         .lock()
-        .iter()
-        .find(|(f, p, _)| *f == file && *p == pid)
-        .map(|(_, _, g)| g.clone())
+        .get(&file)
+        .filter(|(p, _)| *p == pid)
+        .map(|(_, g)| g.clone())
 }
 
 /// `setsockopt(IPPROTO_TCP, TCP_CORK | TCP_NODELAY)` on an SMC-R stream (already set on
@@ -216,7 +219,9 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
         control: Mutex::new(stream.control()),
     });
     if let Some(f) = app_file {
-        PUMPS.lock().push((f, std::process::id(), progress.clone()));
+        PUMPS
+            .lock()
+            .insert(f, (std::process::id(), progress.clone()));
     }
     crate::LIVE_PUMPS.fetch_add(1, Ordering::AcqRel);
     let live = Live;
@@ -228,7 +233,15 @@ pub(crate) fn start(s: SmcStream, event: &'static str) -> io::Result<OwnedFd> {
         if let Ok(mut h) = progress.control.lock() {
             h.take();
         }
-        PUMPS.lock().retain(|(_, _, g)| !Arc::ptr_eq(g, &progress));
+        if let Some(f) = app_file {
+            let mut pumps = PUMPS.lock();
+            if pumps
+                .get(&f)
+                .is_some_and(|(_, g)| Arc::ptr_eq(g, &progress))
+            {
+                pumps.remove(&f);
+            }
+        }
         report::line(format_args!(
             "close local={local} peer={peer} mode=SMC-R sent={} received={}",
             c.sent.load(Ordering::Relaxed),
