@@ -689,7 +689,11 @@ impl Conn {
     /// Run expired timers.
     pub fn on_timeout(&mut self, now: Instant) {
         if self.tx.cork_deadline.is_some_and(|d| d <= now) {
-            // The held data goes now (poll_transmit sees the deadline passed).
+            // The held data goes at the next transmission. The deadline is cleared
+            // here, not there: a transmission that cannot happen yet (a full in-flight
+            // table, a failed link) must not leave a past deadline re-arming the timer.
+            self.tx.cork_deadline = None;
+            self.tx.cork_push = true;
             self.events |= Events::TRANSMIT;
         }
         if self.tx.stall_deadline.is_some_and(|d| d <= now) {

@@ -440,6 +440,11 @@ fn tcp_cork_holds_at_most_its_ceiling() {
     c.on_timeout(due);
     assert!(c.take_events().contains(Events::TRANSMIT));
     assert_eq!(
+        c.poll_timeout(),
+        None,
+        "no past deadline left to re-arm the timer"
+    );
+    assert_eq!(
         c.poll_transmit(due).expect("ceiling reached").data_len(),
         15
     );
@@ -447,6 +452,34 @@ fn tcp_cork_holds_at_most_its_ceiling() {
     commit(&mut c, 1);
     assert!(c.poll_transmit(due).is_none());
     assert_eq!(c.poll_timeout(), Some(due + CORK_MAX_HOLD));
+}
+
+/// Corked data written while nothing can be posted (the in-flight table is full) arms
+/// no cork timer until it could go; from then on it is held at most the ceiling, after
+/// which no timer is left armed in the past (it would fire again at once).
+#[test]
+fn tcp_cork_ceiling_while_nothing_can_be_posted() {
+    let mut c = lone(ConnConfig {
+        max_inflight: 1,
+        ..ConnConfig::default()
+    });
+    let now = t0();
+    commit(&mut c, 10);
+    let first = c.poll_transmit(now).expect("uncorked: sent");
+    c.set_cork(true);
+    commit(&mut c, 10);
+    assert!(
+        c.poll_transmit(now).is_none(),
+        "the in-flight table is full"
+    );
+    // Not held by the cork yet (nothing could be posted anyway): no cork deadline.
+    assert_eq!(c.poll_timeout(), None);
+    c.on_cdc_sent(first.cdc.seqno);
+    assert!(c.poll_transmit(now).is_none(), "held by the cork");
+    let due = c.poll_timeout().expect("the cork's deadline");
+    c.on_timeout(due);
+    assert_eq!(c.poll_timeout(), None);
+    assert_eq!(c.poll_transmit(due).expect("ceiling").data_len(), 10);
 }
 
 /// What TCP_CORK never holds: more than the peer's window takes now (a full "segment"),
