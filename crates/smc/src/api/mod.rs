@@ -691,9 +691,7 @@ impl SmcStream {
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         match &self.inner {
             Inner2::Smc(h) => {
-                let mut st = h.conn.lock();
-                st.conn.set_nodelay(on);
-                h.conn.drive(&mut st, Instant::now());
+                h.conn.apply(|c, _| c.set_nodelay(on));
                 Ok(())
             }
             Inner2::Tcp(s, _) => s.set_nodelay(on),
@@ -707,9 +705,7 @@ impl SmcStream {
     pub fn set_cork(&self, on: bool) -> io::Result<()> {
         match &self.inner {
             Inner2::Smc(h) => {
-                let mut st = h.conn.lock();
-                st.conn.set_cork(on);
-                h.conn.drive(&mut st, Instant::now());
+                h.conn.apply(|c, _| c.set_cork(on));
                 Ok(())
             }
             Inner2::Tcp(s, _) => socket2::SockRef::from(s).set_tcp_cork(on),
@@ -728,9 +724,7 @@ impl SmcStream {
     pub fn set_oob_inline(&self, on: bool) -> io::Result<()> {
         match &self.inner {
             Inner2::Smc(h) => {
-                let mut st = h.conn.lock();
-                st.conn.set_oob_inline(on);
-                h.conn.drive(&mut st, Instant::now());
+                h.conn.apply(|c, _| c.set_oob_inline(on));
                 Ok(())
             }
             Inner2::Tcp(s, _) => socket2::SockRef::from(s).set_out_of_band_inline(on),
@@ -776,9 +770,7 @@ impl SmcStream {
     pub fn abort(self) -> io::Result<()> {
         match &self.inner {
             Inner2::Smc(h) => {
-                let mut st = h.conn.lock();
-                st.conn.abort(Instant::now());
-                h.conn.drive(&mut st, Instant::now());
+                h.conn.apply(|c, now| c.abort(now));
                 Ok(())
             }
             Inner2::Tcp(s, _) => socket2::SockRef::from(s).set_linger(Some(Duration::ZERO)),

@@ -205,26 +205,19 @@ impl Control {
     /// `TCP_CORK` on the connection, as the std `SmcStream::set_cork` (smc-preload
     /// forwards a program's `setsockopt` here).
     pub fn set_cork(&self, on: bool) {
-        let mut st = self.h.conn.lock();
-        st.conn.set_cork(on);
-        self.h.conn.drive(&mut st, std::time::Instant::now());
+        self.h.conn.apply(|c, _| c.set_cork(on));
     }
 
     /// `TCP_NODELAY` on the connection, as the std `SmcStream::set_nodelay`: setting it
     /// also sends what `TCP_CORK` holds, once (tcp(7)).
     pub fn set_nodelay(&self, on: bool) {
-        let mut st = self.h.conn.lock();
-        st.conn.set_nodelay(on);
-        self.h.conn.drive(&mut st, std::time::Instant::now());
+        self.h.conn.apply(|c, _| c.set_nodelay(on));
     }
 
     /// Aborts the connection (RFC 7609 §4.8.2): unsent and unread data is discarded and
     /// the peer sees a reset.
     pub fn abort(&self) {
-        let mut st = self.h.conn.lock();
-        let now = std::time::Instant::now();
-        st.conn.abort(now);
-        self.h.conn.drive(&mut st, now);
+        self.h.conn.apply(|c, now| c.abort(now));
     }
 
     /// Sends one urgent byte after the data written so far (`send(MSG_OOB)`): it waits

@@ -238,6 +238,15 @@ impl ConnShared {
         }
     }
 
+    /// One input from the application (an option, an abort): applied to the machine
+    /// under the connection's lock, then driven.
+    pub(crate) fn apply(&self, f: impl FnOnce(&mut Conn, Instant)) {
+        let mut st = self.lock();
+        let now = Instant::now();
+        f(&mut st.conn, now);
+        self.drive(&mut st, now);
+    }
+
     /// After any input: post what the machine wants sent, then act on its events.
     pub(crate) fn drive(&self, st: &mut ConnState, now: Instant) {
         self.flush(st, now);
