@@ -60,8 +60,10 @@ pub struct RdmaBuffer {
     /// as atomic words, never through a slice of `map`.
     ptr: NonNull<u8>,
     len: usize,
-    /// The anonymous mapping (memmap2): unmapped when the buffer drops.
-    _map: memmap2::MmapMut,
+    /// The mapping (memmap2), anonymous or of a shared file: unmapped when the last
+    /// buffer over it drops (two buffers share one mapping after
+    /// [`RdmaBuffer::map_shared_split`]).
+    _map: Arc<memmap2::MmapMut>,
 }
 
 // SAFETY: the buffer is plain memory with no thread affinity. Through
@@ -97,7 +99,7 @@ impl RdmaBuffer {
         Ok(Arc::new(RdmaBuffer {
             ptr,
             len,
-            _map: map,
+            _map: Arc::new(map),
         }))
     }
 
@@ -136,8 +138,64 @@ impl RdmaBuffer {
         Ok(Arc::new(RdmaBuffer {
             ptr,
             len,
-            _map: map,
+            _map: Arc::new(map),
         }))
+    }
+
+    /// Maps `first + second` bytes at `offset` of a shared-memory file with one `mmap`
+    /// and returns two buffers over it: bytes `[0, first)` and `[first, first + second)`
+    /// of the mapping. One mapping instead of two halves the `mmap`/`munmap` calls (each
+    /// `munmap` of a multi-threaded process may cost a TLB shootdown on every CPU); the
+    /// mapping goes when both buffers are gone.
+    ///
+    /// # Safety
+    ///
+    /// As [`RdmaBuffer::map_shared`] for `offset + first + second` bytes of the file.
+    pub unsafe fn map_shared_split<F: std::os::fd::AsRawFd>(
+        file: &F,
+        offset: u64,
+        first: usize,
+        second: usize,
+    ) -> io::Result<(Arc<RdmaBuffer>, Arc<RdmaBuffer>)> {
+        let page = rustix::param::page_size();
+        if first == 0 || second == 0 || !first.is_multiple_of(page) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "split RDMA buffer: both parts non-empty, the first whole pages",
+            ));
+        }
+        let len = first
+            .checked_add(second)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "RDMA buffer too large"))?;
+        // SAFETY: the caller guarantees the file's bytes [offset, offset + len) stay
+        // (module contract above); memmap2 checks the offset's alignment and the length.
+        let mut map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map_mut(file.as_raw_fd())?
+        };
+        let base = map.as_mut_ptr();
+        let ptr = NonNull::new(base).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        // SAFETY: `first < len`, so `base + first` lies inside the mapping just made.
+        let ptr2 = NonNull::new(unsafe { base.add(first) })
+            .ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let map = Arc::new(map);
+        // The second part starts on a page boundary (`first` is whole pages) and ends
+        // where the mapping does (rounded up to a page): each buffer's words lie in the
+        // mapping, as `word` requires.
+        Ok((
+            Arc::new(RdmaBuffer {
+                ptr,
+                len: first,
+                _map: map.clone(),
+            }),
+            Arc::new(RdmaBuffer {
+                ptr: ptr2,
+                len: second,
+                _map: map,
+            }),
+        ))
     }
 
     /// Usable length in bytes (as requested; the mapping may be larger).
@@ -172,8 +230,9 @@ impl RdmaBuffer {
         debug_assert!(i < self.len.div_ceil(WORD));
         // SAFETY: callers pass only indices of words that hold a byte below
         // `len` (the public methods check their ranges first), and the
-        // mapping is a whole number of pages ≥ `len`, so the word lies in
-        // it; the mapping is page-aligned, so the word is 8-byte aligned; it
+        // buffer starts on a page boundary of its mapping and the mapping
+        // extends a whole number of pages ≥ `len` beyond it, so the word lies
+        // in it; the buffer is page-aligned, so the word is 8-byte aligned; it
         // stays mapped while `&self` lives (`_map` unmaps it on drop); and
         // every access this type makes to the mapping is an atomic access to
         // such a word, so no non-atomic or differently sized access races
@@ -372,6 +431,41 @@ mod tests {
         assert!(!b.contains(9_991, 10));
         assert!(!b.contains(usize::MAX, 2));
         assert!(RdmaBuffer::new(0).is_err());
+    }
+
+    /// One mapping, two buffers: each sees its own part of the file, the second
+    /// starting at `first`; the mapping outlives the first buffer dropped.
+    #[test]
+    fn split_mapping_of_a_shared_file() {
+        let path = std::env::temp_dir().join(format!("smc-verbs-split-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        f.set_len(3 * 4096).unwrap();
+        // SAFETY: the file is ours, 3 pages long, and never shrinks while mapped.
+        let (a, b) = unsafe { RdmaBuffer::map_shared_split(&f, 0, 4096, 2 * 4096) }.unwrap();
+        assert_eq!((a.len(), b.len()), (4096, 2 * 4096));
+        assert_eq!(b.as_ptr() as usize - a.as_ptr() as usize, 4096);
+        a.write(4090, b"ctrl!!");
+        b.write(0, b"data");
+        drop(a);
+        // SAFETY: as above.
+        let whole = unsafe { RdmaBuffer::map_shared(&f, 0, 3 * 4096) }.unwrap();
+        let mut got = [0u8; 10];
+        whole.read(4090, &mut got);
+        assert_eq!(&got, b"ctrl!!data");
+        b.write(8188, b"end!");
+        let mut e = [0u8; 4];
+        whole.read(3 * 4096 - 4, &mut e);
+        assert_eq!(&e, b"end!");
+        // SAFETY: as above.
+        let bad = unsafe { RdmaBuffer::map_shared_split(&f, 0, 100, 4096) };
+        assert!(bad.is_err(), "the first part must be whole pages");
     }
 
     /// Two safe threads copying into and out of overlapping, unaligned

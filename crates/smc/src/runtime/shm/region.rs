@@ -97,11 +97,11 @@ impl Region {
     fn map(fd: &impl AsFd, rmb_len: u32) -> io::Result<Region> {
         let fd = fd.as_fd();
         // SAFETY: the memfd is sealed against shrinking (our own, sealed in `create`, or
-        // a peer's, checked in `map_peer`) and at least CTRL_LEN + rmb_len long, so both
-        // mappings stay backed for their whole life; offsets are page-aligned.
-        let ctrl = unsafe { RdmaBuffer::map_shared(&fd, 0, CTRL_LEN)? };
-        // SAFETY: as above.
-        let data = unsafe { RdmaBuffer::map_shared(&fd, CTRL_LEN as u64, rmb_len as usize)? };
+        // a peer's, checked in `map_peer`) and at least CTRL_LEN + rmb_len long, so the
+        // mapping stays backed for its whole life; CTRL_LEN is a whole page. One mapping
+        // for both (the control page and the RMB follow each other in the file).
+        let (ctrl, data) =
+            unsafe { RdmaBuffer::map_shared_split(&fd, 0, CTRL_LEN, rmb_len as usize)? };
         Ok(Region { ctrl, data })
     }
 }
