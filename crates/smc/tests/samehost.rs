@@ -207,7 +207,8 @@ fn many_sequential_and_concurrent_connections_leave_nothing() {
     let l = listen(&srv);
     let addr = l.local_addr().unwrap();
     echo_server(l);
-    // Warm up (threads, sockets and the socket thread exist from here on).
+    // Warm up (threads, sockets, the socket thread and the two stacks' session exist
+    // from here on).
     assert!(echo_once(&cli, addr, 0, 100).is_same_host());
     // This thread sleeps once in a blocking read, so that its sleeper eventfd (one per
     // thread that ever blocks on a same-host connection, for the thread's life) is

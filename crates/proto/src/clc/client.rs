@@ -609,7 +609,7 @@ impl Client {
                 env,
             );
         }
-        if !env.client_same_host(o.nonce) {
+        if !env.client_same_host(o.nonce, a.stack_id) {
             return self.reset(ResetReason::LocalFailure(DeclineCode::MEM), env);
         }
         debug!(peer_stack = a.stack_id, "same-host path accepted");

@@ -392,10 +392,11 @@ pub trait ClcEnv {
         None
     }
 
-    /// Client: the server took our same-host offer with this nonce. `true` when the
-    /// shared memory for it is ready (the server set it up over the Unix socket before
-    /// answering); `false` resets the connection. The default has none.
-    fn client_same_host(&mut self, _nonce: u64) -> bool {
+    /// Client: the server (stack `server_stack`, from its Accept) took our same-host
+    /// offer with this nonce. `true` when the shared memory for it is ready (the server
+    /// set it up over the Unix socket before answering); `false` resets the connection.
+    /// The default has none.
+    fn client_same_host(&mut self, _nonce: u64, _server_stack: u64) -> bool {
         false
     }
 }

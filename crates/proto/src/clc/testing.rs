@@ -233,7 +233,7 @@ impl ClcEnv for FakeEnv {
         self.same_host_grant
     }
 
-    fn client_same_host(&mut self, nonce: u64) -> bool {
+    fn client_same_host(&mut self, nonce: u64, _server_stack: u64) -> bool {
         self.same_host_ready.contains(&nonce)
     }
 

@@ -247,8 +247,8 @@ impl ClcEnv for Env<'_> {
         self.host.same_host_server(self.tcp, offer)
     }
 
-    fn client_same_host(&mut self, nonce: u64) -> bool {
-        self.host.same_host_client(self.tcp, nonce)
+    fn client_same_host(&mut self, nonce: u64, server_stack: u64) -> bool {
+        self.host.same_host_client(self.tcp, nonce, server_stack)
     }
 
     fn server_find_lgr(&mut self, q: &LgrQuery) -> LgrLookup {

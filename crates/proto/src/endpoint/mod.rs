@@ -179,8 +179,9 @@ pub trait Host {
     fn same_host_server(&mut self, _tcp: TcpId, _offer: &SameHostOffer) -> Option<u64> {
         None
     }
-    /// Client: is the shared memory of our offer `nonce` on `tcp` ready?
-    fn same_host_client(&mut self, _tcp: TcpId, _nonce: u64) -> bool {
+    /// Client: is the shared memory of our offer `nonce` on `tcp`, taken by the server's
+    /// stack `server_stack`, ready?
+    fn same_host_client(&mut self, _tcp: TcpId, _nonce: u64, _server_stack: u64) -> bool {
         false
     }
 }

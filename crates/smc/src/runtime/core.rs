@@ -81,6 +81,10 @@ pub(crate) struct Core {
     /// The same-host connections (also in `host.conns`): their doorbells are polled
     /// apart from the epoll set (see `run`).
     shm_conns: BTreeMap<u32, Arc<ConnShared>>,
+    /// Send buffers of released same-host connections, for the next ones (at most
+    /// `rmb_cache`): a fresh one is an `mmap`, page faults as it fills and an `munmap`
+    /// (a TLB shootdown on every CPU the process runs on) per connection.
+    shm_sndbufs: Vec<Arc<smc_verbs::RdmaBuffer>>,
 }
 
 impl Core {
@@ -101,6 +105,7 @@ impl Core {
             epoll: smc_verbs::process::lift(epoll::create(epoll::CreateFlags::CLOEXEC)?),
             reap_check: Vec::new(),
             shm_conns: BTreeMap::new(),
+            shm_sndbufs: Vec::new(),
         })
     }
 
@@ -185,7 +190,7 @@ impl Core {
                     .ok()
                     .and_then(|mut t| t.alloc(SAME_HOST_LGR, &mut rand::rng()));
                 if let Some(token) = token {
-                    r.same_host = sh.offer(token);
+                    r.same_host = sh.offer(token, peer);
                     match &r.same_host {
                         Some(o) => same_host_nonce = Some(o.nonce),
                         None => release_token(inner, token),
@@ -409,7 +414,11 @@ impl Core {
             // The idle TCP connection carries the FIN and RST (a failed clone would close
             // it under the peer, which would take that for our death).
             let tcp = sys::clone_in_place(&r.tcp)?;
-            let shared = super::shm::new_conn(inner, r.local, r.peer, tcp, setup)?;
+            let sndbuf = match self.shm_sndbufs.pop() {
+                Some(b) => b,
+                None => smc_verbs::RdmaBuffer::new(inner.cfg.sndbuf_size)?,
+            };
+            let shared = super::shm::new_conn(inner, r.local, r.peer, tcp, setup, sndbuf)?;
             let st = shared.lock();
             if let Some(tcp) = &st.tcp {
                 // Watched like an SMC-R connection's (RFC 7609 §4.8: FIN and RST).
@@ -770,6 +779,13 @@ impl Core {
                 // Same host: the mappings and descriptors go with the last reference
                 // (the application's handle is gone by now).
                 self.shm_conns.remove(&t);
+                // Our own memory (never mapped by the peer): reused as it is, a new
+                // connection sends only what its application writes into it.
+                if self.shm_sndbufs.len() < inner.cfg.rmb_cache
+                    && c.sndbuf.len() == inner.cfg.sndbuf_size
+                {
+                    self.shm_sndbufs.push(c.sndbuf.clone());
+                }
                 release_token(inner, t);
                 debug!(token = t, "same-host connection released");
                 continue;
@@ -958,6 +974,9 @@ impl Core {
         for (buf, _) in self.host.sndbufs.values().flatten() {
             *b.sndbufs.entry(buf.len()).or_default() += 1;
         }
+        for buf in &self.shm_sndbufs {
+            *b.sndbufs.entry(buf.len()).or_default() += 1;
+        }
         b
     }
 
@@ -1115,6 +1134,8 @@ enum Fd {
     NetMon,
     /// A same-host connection's doorbell.
     Bell(u32),
+    /// The same-host sessions' epoll set (a peer stack ended its session).
+    Sessions,
 }
 
 pub(crate) fn run(inner: Arc<Inner>) {
@@ -1165,6 +1186,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
             // The established connections' sockets: one fd, however many there are.
             fds.push(pfd(core.epoll.as_fd().as_raw_fd(), libc::POLLIN));
             what.push(Fd::Conns);
+            if let Some(fd) = inner.same_host.as_ref().and_then(|s| s.sessions_fd()) {
+                fds.push(pfd(fd.as_raw_fd(), libc::POLLIN));
+                what.push(Fd::Sessions);
+            }
             // Same-host doorbells, one fd per same-host connection (only those).
             for (t, c) in &core.shm_conns {
                 let Some(p) = c.shm() else { continue };
@@ -1233,6 +1258,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
                             p.bell.drain();
                         }
                         c.shm_poll(now);
+                    }
+                }
+                Fd::Sessions => {
+                    if let Some(sh) = &inner.same_host {
+                        sh.reap_sessions();
                     }
                 }
                 Fd::Conns => {

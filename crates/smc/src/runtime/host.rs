@@ -355,11 +355,16 @@ impl Host for HostCtx<'_> {
         }
     }
 
-    fn same_host_client(&mut self, _tcp: crate::endpoint::TcpId, nonce: u64) -> bool {
+    fn same_host_client(
+        &mut self,
+        _tcp: crate::endpoint::TcpId,
+        nonce: u64,
+        server_stack: u64,
+    ) -> bool {
         self.inner
             .same_host
             .as_ref()
-            .is_some_and(|s| s.client_ready(nonce))
+            .is_some_and(|s| s.client_ready(nonce, server_stack))
     }
 
     fn alloc_token(&mut self, lgr: LgrId) -> Option<u32> {

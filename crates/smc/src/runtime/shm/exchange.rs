@@ -41,6 +41,21 @@ pub(crate) fn check_peer(s: &UnixStream) -> io::Result<i32> {
 
 /// Sends a hello with our region's memfd and our bell.
 pub(crate) fn send(s: &UnixStream, h: &SameHostHello, fds: &[&OwnedFd]) -> io::Result<()> {
+    send_flags(s, h, fds, SendFlags::NOSIGNAL)
+}
+
+/// Sends a hello on a session without waiting: a peer that does not read its session
+/// (its socket buffer full) gets `WouldBlock`, and the caller drops the session.
+pub(crate) fn send_nowait(s: &UnixStream, h: &SameHostHello, fds: &[&OwnedFd]) -> io::Result<()> {
+    send_flags(s, h, fds, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)
+}
+
+fn send_flags(
+    s: &UnixStream,
+    h: &SameHostHello,
+    fds: &[&OwnedFd],
+    flags: SendFlags,
+) -> io::Result<()> {
     let bytes = h.to_bytes();
     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
@@ -48,7 +63,7 @@ pub(crate) fn send(s: &UnixStream, h: &SameHostHello, fds: &[&OwnedFd]) -> io::R
     if !fds.is_empty() && !cmsg.push(SendAncillaryMessage::ScmRights(&borrowed)) {
         return Err(io::Error::other("control buffer too small"));
     }
-    let n = rustix::net::sendmsg(s, &[IoSlice::new(&bytes)], &mut cmsg, SendFlags::NOSIGNAL)?;
+    let n = rustix::net::sendmsg(s, &[IoSlice::new(&bytes)], &mut cmsg, flags)?;
     if n != HELLO_LEN {
         return Err(io::Error::new(io::ErrorKind::WriteZero, "short hello"));
     }
@@ -58,6 +73,25 @@ pub(crate) fn send(s: &UnixStream, h: &SameHostHello, fds: &[&OwnedFd]) -> io::R
 /// Receives a hello and the descriptors that came with it (at most two are kept; any
 /// others are closed on the spot).
 pub(crate) fn recv(s: &UnixStream) -> io::Result<(SameHostHello, Vec<OwnedFd>)> {
+    recv_flags(s, RecvFlags::WAITALL)?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::WouldBlock, "no same-host hello"))
+}
+
+/// The next hello of a session if one is there, without waiting. A session's hellos
+/// are whole (each sent by one `sendmsg` of 32 bytes, which a stream socket with room
+/// takes whole; `send_nowait` fails rather than sending part of one), so a partial one
+/// or the end of the stream means the session is broken.
+pub(crate) fn recv_nowait(s: &UnixStream) -> io::Result<Option<(SameHostHello, Vec<OwnedFd>)>> {
+    match recv_flags(s, RecvFlags::DONTWAIT) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        r => r,
+    }
+}
+
+fn recv_flags(
+    s: &UnixStream,
+    flags: RecvFlags,
+) -> io::Result<Option<(SameHostHello, Vec<OwnedFd>)>> {
     let mut b = [0u8; HELLO_LEN];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut cmsg = RecvAncillaryBuffer::new(&mut space);
@@ -65,7 +99,7 @@ pub(crate) fn recv(s: &UnixStream) -> io::Result<(SameHostHello, Vec<OwnedFd>)> 
         s,
         &mut [IoSliceMut::new(&mut b)],
         &mut cmsg,
-        RecvFlags::CMSG_CLOEXEC | RecvFlags::WAITALL,
+        RecvFlags::CMSG_CLOEXEC | flags,
     )?;
     let mut fds = Vec::new();
     for m in cmsg.drain() {
@@ -78,11 +112,17 @@ pub(crate) fn recv(s: &UnixStream) -> io::Result<(SameHostHello, Vec<OwnedFd>)> 
             }
         }
     }
+    if r.bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "same-host peer closed its socket",
+        ));
+    }
     if r.bytes != HELLO_LEN {
         return Err(invalid("short same-host hello"));
     }
     let h = SameHostHello::parse(&b).map_err(|e| invalid(&e.to_string()))?;
-    Ok((h, fds))
+    Ok(Some((h, fds)))
 }
 
 /// A bell from the peer must be an eventfd: writing to anything else (a pipe that

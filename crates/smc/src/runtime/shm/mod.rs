@@ -27,13 +27,14 @@ pub(crate) mod region;
 
 use std::collections::HashMap;
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use smc_verbs::{EventFd, RdmaBuffer};
 use smc_wire::clc::{SameHostHello, SameHostOffer};
@@ -59,7 +60,95 @@ pub(crate) struct ShmSetup {
 struct Pending {
     token: u32,
     rmb_len: u32,
+    /// The server's address (the TCP peer): which stack serves it is learnt from its
+    /// same-host Accept, for the next offer to it.
+    peer: SocketAddr,
     ready: Option<ShmSetup>,
+    /// Our memory, already sent on our session with the stack that served `peer` last
+    /// (subsequent contact): used only if that same stack accepts.
+    pre: Option<PreOffer>,
+    /// The Unix connection a server made for this offer: kept as our session with its
+    /// stack once its Accept names that stack.
+    session: Option<(UnixStream, i32)>,
+}
+
+struct PreOffer {
+    stack: u64,
+    rx: Region,
+    bell: EventFd,
+}
+
+/// A hello that came on a session before its rendezvous asked for it.
+struct Received {
+    hello: SameHostHello,
+    fds: Vec<OwnedFd>,
+    at: Instant,
+}
+
+/// Hellos a session holds for rendezvous to come, at most; a peer that sends more
+/// loses its oldest ones (their descriptors are closed).
+const SESSION_INBOX: usize = 64;
+/// How long a hello waits on a session for its rendezvous (a Proposal that never came).
+const SESSION_HELLO_TTL: Duration = Duration::from_secs(5);
+/// Servers remembered by address (client side), at most.
+const MAX_ROUTES: usize = 4096;
+
+/// The Unix connection between two stacks of this host, kept after their first
+/// exchange (the server made it and checked the client's credentials; the client
+/// checked the server's). The next rendezvous between them need no new connection and
+/// no thread hand-off: the client sends its hello on it before its Proposal, the server
+/// finds it there when the Proposal comes and answers on it before its Accept, and the
+/// client finds that answer there when the Accept comes (docs/samehost.md, "Subsequent
+/// contact"). Non-blocking on both sides; a broken one is dropped and the next
+/// rendezvous makes a new one.
+struct Session {
+    stream: UnixStream,
+    peer_pid: i32,
+    inbox: HashMap<u64, Received>,
+}
+
+impl Session {
+    fn new(stream: UnixStream, peer_pid: i32) -> io::Result<Session> {
+        stream.set_nonblocking(true)?;
+        Ok(Session {
+            stream,
+            peer_pid,
+            inbox: HashMap::new(),
+        })
+    }
+
+    /// Reads every hello waiting on the socket; hellos nobody asked for in time go.
+    fn drain(&mut self) -> io::Result<()> {
+        let now = Instant::now();
+        self.inbox
+            .retain(|_, r| now.duration_since(r.at) < SESSION_HELLO_TTL);
+        while let Some((hello, fds)) = exchange::recv_nowait(&self.stream)? {
+            if self.inbox.len() >= SESSION_INBOX {
+                let oldest = self.inbox.iter().min_by_key(|(_, r)| r.at).map(|(n, _)| *n);
+                if let Some(n) = oldest {
+                    self.inbox.remove(&n);
+                }
+            }
+            self.inbox.insert(
+                hello.nonce,
+                Received {
+                    hello,
+                    fds,
+                    at: now,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The hello for `nonce`, if it came (reading the socket first).
+    fn take(&mut self, nonce: u64) -> io::Result<Option<Received>> {
+        if let Some(r) = self.inbox.remove(&nonce) {
+            return Ok(Some(r));
+        }
+        self.drain()?;
+        Ok(self.inbox.remove(&nonce))
+    }
 }
 
 /// The same-host state of a stack, shared with its socket thread.
@@ -68,6 +157,16 @@ pub(crate) struct SameHost {
     dir: PathBuf,
     rmb_len: u32,
     pending: Mutex<HashMap<u64, Pending>>,
+    /// Open sessions with other stacks, by their stack id (lock order: `pending`, then
+    /// `sessions`, then `routes`).
+    sessions: Mutex<HashMap<u64, Session>>,
+    /// Client: which stack served an address last (its same-host Accept).
+    routes: Mutex<HashMap<SocketAddr, u64>>,
+    /// The sessions' sockets, watched for their peer's end (`EPOLLRDHUP`, keyed by the
+    /// peer's stack id) by the event thread, so that the session of a process that
+    /// exited goes at once (`reap_sessions`), not at the next rendezvous with it, which
+    /// may never come. `None` if it could not be made: then no session is kept.
+    sess_epoll: Option<OwnedFd>,
     stop: AtomicBool,
     /// The socket thread, started with the first offer.
     thread: Mutex<Option<(PathBuf, JoinHandle<()>)>>,
@@ -87,6 +186,11 @@ impl SameHost {
             dir,
             rmb_len: rmb_len as u32,
             pending: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            routes: Mutex::new(HashMap::new()),
+            sess_epoll: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
+                .ok()
+                .map(smc_verbs::process::lift),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
             broken: AtomicBool::new(false),
@@ -146,19 +250,25 @@ impl SameHost {
         Ok((path, l))
     }
 
-    /// A client offer for a new rendezvous: registers it with a fresh token.
-    pub(crate) fn offer(self: &Arc<Self>, token: u32) -> Option<SameHostOffer> {
+    /// A client offer for a new rendezvous with `peer`: registers it with a fresh token.
+    /// When a stack of this host served `peer` last and our session with it is open, our
+    /// hello goes to it now, before the Proposal (subsequent contact).
+    pub(crate) fn offer(self: &Arc<Self>, token: u32, peer: SocketAddr) -> Option<SameHostOffer> {
         if !self.ensure_listener() {
             return None;
         }
         let nonce = rand::random::<u64>();
+        let pre = self.pre_offer(nonce, token, peer);
         let mut p = self.pending.lock().ok()?;
         p.insert(
             nonce,
             Pending {
                 token,
                 rmb_len: self.rmb_len,
+                peer,
                 ready: None,
+                pre,
+                session: None,
             },
         );
         Some(SameHostOffer {
@@ -167,12 +277,163 @@ impl SameHost {
         })
     }
 
-    /// Client: is the memory of this offer ready (the server did its exchange)?
-    pub(crate) fn client_ready(&self, nonce: u64) -> bool {
-        self.pending
-            .lock()
-            .map(|p| p.get(&nonce).is_some_and(|x| x.ready.is_some()))
-            .unwrap_or(false)
+    /// Subsequent contact, client side: our memory on the session with the stack that
+    /// served `peer` last. Any failure only means the server does the full exchange.
+    fn pre_offer(&self, nonce: u64, token: u32, peer: SocketAddr) -> Option<PreOffer> {
+        let stack = *self.routes.lock().ok()?.get(&peer)?;
+        let mut sessions = self.sessions.lock().ok()?;
+        let s = sessions.get(&stack)?;
+        let made = (|| -> io::Result<PreOffer> {
+            let (rx, memfd) = Region::create(self.rmb_len)?;
+            let bell = EventFd::new()?;
+            let bell_fd = bell_owned(&bell)?;
+            let h = SameHostHello {
+                nonce,
+                token,
+                rmb_len: self.rmb_len,
+                status: 0,
+            };
+            exchange::send_nowait(&s.stream, &h, &[&memfd, &bell_fd])?;
+            Ok(PreOffer { stack, rx, bell })
+        })();
+        match made {
+            Ok(p) => Some(p),
+            Err(e) => {
+                debug!(error = %e, stack = format_args!("{stack:016x}"), "same-host session dropped");
+                sessions.remove(&stack);
+                None
+            }
+        }
+    }
+
+    /// Client: the server's stack `server_stack` took the offer `nonce`; is its memory
+    /// ready? Either the server did the full exchange with our socket thread, or
+    /// (subsequent contact) its answer to the hello we sent on our session with that
+    /// same stack is waiting there.
+    pub(crate) fn client_ready(&self, nonce: u64, server_stack: u64) -> bool {
+        let Ok(mut p) = self.pending.lock() else {
+            return false;
+        };
+        let Some(x) = p.get_mut(&nonce) else {
+            return false;
+        };
+        if x.ready.is_some() {
+            // The full exchange: its connection becomes our session with that stack.
+            if let Some((s, pid)) = x.session.take() {
+                if let Ok(mut ss) = self.sessions.lock() {
+                    self.add_session(&mut ss, server_stack, s, pid);
+                }
+            }
+            self.learn_route(x.peer, server_stack);
+            return true;
+        }
+        let Some(pre) = x.pre.take() else {
+            return false;
+        };
+        if pre.stack != server_stack {
+            // Another stack serves that address now: it never had this memory.
+            return false;
+        }
+        let Ok(mut ss) = self.sessions.lock() else {
+            return false;
+        };
+        let Some(s) = ss.get_mut(&server_stack) else {
+            return false;
+        };
+        let got = match s.take(nonce) {
+            Ok(Some(r)) if r.hello.status == 0 => r,
+            Ok(_) => return false,
+            Err(e) => {
+                debug!(error = %e, "same-host session dropped");
+                ss.remove(&server_stack);
+                return false;
+            }
+        };
+        match finish_setup(pre.rx, pre.bell, x.token, &got.hello, got.fds, s.peer_pid) {
+            Ok(setup) => {
+                x.ready = Some(setup);
+                true
+            }
+            Err(e) => {
+                debug!(error = %e, "same-host answer on the session refused");
+                false
+            }
+        }
+    }
+
+    /// Keeps `stream` as our session with `stack` (replacing an older one), watched for
+    /// its end. Without the watch no session is kept (it could never be reaped).
+    fn add_session(
+        &self,
+        sessions: &mut HashMap<u64, Session>,
+        stack: u64,
+        stream: UnixStream,
+        pid: i32,
+    ) {
+        use rustix::event::epoll;
+        let Some(ep) = &self.sess_epoll else { return };
+        // The older one's descriptor leaves the epoll set as it closes.
+        sessions.remove(&stack);
+        let Ok(s) = Session::new(stream, pid) else {
+            return;
+        };
+        if epoll::add(
+            ep,
+            &s.stream,
+            epoll::EventData::new_u64(stack),
+            epoll::EventFlags::RDHUP,
+        )
+        .is_ok()
+        {
+            sessions.insert(stack, s);
+        }
+    }
+
+    /// The epoll set of the sessions' sockets, for the event thread's `poll`.
+    pub(crate) fn sessions_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.sess_epoll.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Sessions whose peer closed its end (its process exited, or it dropped the
+    /// session): gone, with whatever hellos they held.
+    pub(crate) fn reap_sessions(&self) {
+        use rustix::event::epoll;
+        let Some(ep) = &self.sess_epoll else { return };
+        let mut ready: Vec<epoll::Event> = Vec::with_capacity(16);
+        let zero = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if epoll::wait(ep, rustix::buffer::spare_capacity(&mut ready), Some(&zero)).is_err() {
+            return;
+        }
+        let Ok(mut ss) = self.sessions.lock() else {
+            return;
+        };
+        for ev in &ready {
+            let stack = ev.data.u64();
+            debug!(
+                stack = format_args!("{stack:016x}"),
+                "same-host session ended by its peer"
+            );
+            ss.remove(&stack);
+        }
+    }
+
+    /// Open sessions (tests).
+    #[cfg(test)]
+    fn session_count(&self) -> usize {
+        self.sessions.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    fn learn_route(&self, peer: SocketAddr, stack: u64) {
+        if let Ok(mut r) = self.routes.lock() {
+            if r.len() >= MAX_ROUTES && !r.contains_key(&peer) {
+                r.clear();
+            }
+            r.insert(peer, stack);
+        }
     }
 
     /// Client: the rendezvous of this offer ended. Returns the token and, when the
@@ -182,8 +443,13 @@ impl SameHost {
         Some((x.token, x.ready))
     }
 
-    /// Server: prove the offering client is on this host and exchange the memory.
+    /// Server: prove the offering client is on this host and exchange the memory: on
+    /// our session with its stack if its hello is waiting there (subsequent contact),
+    /// else over a new connection to its socket, kept as that session.
     pub(crate) fn connect(&self, offer: &SameHostOffer, token: u32) -> io::Result<ShmSetup> {
+        if let Some(r) = self.connect_by_session(offer, token) {
+            return r;
+        }
         let path = Self::sock_path(&self.dir, offer.stack_id);
         let s = UnixStream::connect(&path)?;
         s.set_read_timeout(Some(exchange::IO_TIMEOUT))?;
@@ -210,7 +476,58 @@ impl SameHost {
                 "same-host offer not acknowledged",
             ));
         }
-        finish_setup(rx, bell, token, &h, fds, peer_pid)
+        let setup = finish_setup(rx, bell, token, &h, fds, peer_pid)?;
+        if let Ok(mut ss) = self.sessions.lock() {
+            self.add_session(&mut ss, offer.stack_id, s, peer_pid);
+        }
+        Ok(setup)
+    }
+
+    /// Subsequent contact, server side: `None` when the client's hello is not on our
+    /// session with its stack (the full exchange follows), else the outcome.
+    fn connect_by_session(
+        &self,
+        offer: &SameHostOffer,
+        token: u32,
+    ) -> Option<io::Result<ShmSetup>> {
+        let mut ss = self.sessions.lock().ok()?;
+        let s = ss.get_mut(&offer.stack_id)?;
+        let got = match s.take(offer.nonce) {
+            Ok(Some(r)) => r,
+            Ok(None) => return None,
+            Err(e) => {
+                debug!(error = %e, "same-host session dropped");
+                ss.remove(&offer.stack_id);
+                return None;
+            }
+        };
+        let peer_pid = s.peer_pid;
+        let r = (|| -> io::Result<ShmSetup> {
+            if got.hello.status != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    "same-host hello refused",
+                ));
+            }
+            let (rx, memfd) = Region::create(self.rmb_len)?;
+            let bell = EventFd::new()?;
+            let bell_fd = bell_owned(&bell)?;
+            let setup = finish_setup(rx, bell, token, &got.hello, got.fds, peer_pid)?;
+            // Answered before our Accept leaves: the client finds it when that comes.
+            let h = SameHostHello {
+                nonce: offer.nonce,
+                token,
+                rmb_len: self.rmb_len,
+                status: 0,
+            };
+            exchange::send_nowait(&s.stream, &h, &[&memfd, &bell_fd])?;
+            Ok(setup)
+        })();
+        if r.is_err() {
+            // A bad hello, or a client that does not read its session: no more of it.
+            ss.remove(&offer.stack_id);
+        }
+        Some(r)
     }
 
     /// The socket thread: answers servers' hellos for our pending offers.
@@ -220,13 +537,14 @@ impl SameHost {
                 return;
             }
             let Ok(s) = s else { continue };
-            if let Err(e) = self.answer(&s) {
+            if let Err(e) = self.answer(s) {
                 debug!(error = %e, "same-host hello refused");
             }
         }
     }
 
-    fn answer(&self, s: &UnixStream) -> io::Result<()> {
+    fn answer(&self, stream: UnixStream) -> io::Result<()> {
+        let s = &stream;
         s.set_read_timeout(Some(exchange::IO_TIMEOUT))?;
         s.set_write_timeout(Some(exchange::IO_TIMEOUT))?;
         let peer_pid = exchange::check_peer(s)?;
@@ -263,7 +581,11 @@ impl SameHost {
                 .lock()
                 .map_err(|_| io::Error::other("poisoned"))?;
             match p.get_mut(&h.nonce) {
-                Some(x) if x.ready.is_none() => x.ready = Some(setup),
+                Some(x) if x.ready.is_none() => {
+                    x.ready = Some(setup);
+                    // Our session with the server's stack, once its Accept names it.
+                    x.session = s.try_clone().ok().map(|c| (c, peer_pid));
+                }
                 _ => return Err(io::Error::other("offer gone meanwhile")),
             }
         }
@@ -282,6 +604,7 @@ impl SameHost {
             if let Ok(mut p) = self.pending.lock() {
                 if let Some(x) = p.get_mut(&h.nonce) {
                     x.ready = None;
+                    x.session = None;
                 }
             }
         }
@@ -300,6 +623,9 @@ impl SameHost {
         }
         if let Ok(mut p) = self.pending.lock() {
             p.clear();
+        }
+        if let Ok(mut s) = self.sessions.lock() {
+            s.clear();
         }
     }
 }
@@ -446,6 +772,7 @@ pub(crate) fn new_conn(
     peer: std::net::SocketAddr,
     tcp: std::net::TcpStream,
     setup: ShmSetup,
+    sndbuf: Arc<RdmaBuffer>,
 ) -> io::Result<Arc<super::conn::ConnShared>> {
     use super::conn::{ConnParts, ConnShared, ConnState, Kind, Path as ConnPath};
     let cfg = &inner.cfg;
@@ -463,13 +790,12 @@ pub(crate) fn new_conn(
     let params = crate::conn::ConnParams::new(
         geo(rmb.len() as u32)?,
         geo(peer_len)?,
-        cfg.sndbuf_size.min(u32::MAX as usize) as u32,
+        sndbuf.len().min(u32::MAX as usize) as u32,
         token,
         peer_token,
     );
     let conn = crate::conn::Conn::new(params, cfg.conn.clone())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let sndbuf = RdmaBuffer::new(cfg.sndbuf_size)?;
     let shared = ConnShared::new(
         ConnParts {
             token,
@@ -498,8 +824,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("smc-rs-shm-test-{}", std::process::id()));
         let client = Arc::new(SameHost::new(dir.clone(), 64 << 10));
         let server = SameHost::new(dir.clone(), 32 << 10);
-        let offer = client.offer(0x1111).expect("offer");
-        assert!(!client.client_ready(offer.nonce));
+        let offer = client.offer(0x1111, addr(1)).expect("offer");
+        assert!(!client.client_ready(offer.nonce, server.stack_id));
         // A wrong nonce is refused by the client's socket.
         let bad = SameHostOffer {
             nonce: offer.nonce ^ 1,
@@ -509,7 +835,7 @@ mod tests {
         let s = server.connect(&offer, 0x2222).expect("exchange");
         assert_eq!((s.local_token, s.peer_token), (0x2222, 0x1111));
         assert_eq!(s.tx.data.len(), 64 << 10);
-        assert!(client.client_ready(offer.nonce));
+        assert!(client.client_ready(offer.nonce, server.stack_id));
         // Answered once only.
         assert!(server.connect(&offer, 0x3333).is_err());
         let (token, c) = client.take(offer.nonce).unwrap();
@@ -529,6 +855,109 @@ mod tests {
         assert!(server.connect(&none, 1).is_err());
         client.shutdown();
         assert!(!SameHost::sock_path(&dir, client.stack_id).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn addr(n: u8) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, n], 5000))
+    }
+
+    /// The full exchange once, then every rendezvous between the same two stacks on
+    /// the session it left: the client's hello is on it before the server looks, the
+    /// server's answer before the client looks, and no Unix connection is made (the
+    /// client's socket is gone and it still works). What must not use the session:
+    /// another stack's Accept, and a broken session (the full exchange again).
+    #[test]
+    fn subsequent_contact_on_the_session() {
+        let dir = std::env::temp_dir().join(format!("smc-rs-shm-sess-{}", std::process::id()));
+        let client = Arc::new(SameHost::new(dir.clone(), 64 << 10));
+        let server = Arc::new(SameHost::new(dir.clone(), 32 << 10));
+        let other = Arc::new(SameHost::new(dir.clone(), 32 << 10));
+        let first = client.offer(1, addr(2)).expect("offer");
+        assert!(
+            client.pending.lock().unwrap()[&first.nonce].pre.is_none(),
+            "first contact"
+        );
+        server.connect(&first, 100).expect("full exchange");
+        assert!(client.client_ready(first.nonce, server.stack_id));
+        drop(client.take(first.nonce));
+        assert!(server
+            .sessions
+            .lock()
+            .unwrap()
+            .contains_key(&client.stack_id));
+        assert!(client
+            .sessions
+            .lock()
+            .unwrap()
+            .contains_key(&server.stack_id));
+
+        // Nobody can connect to the client's socket any more: only the session works.
+        let path = SameHost::sock_path(&dir, client.stack_id);
+        let hidden = dir.join("hidden.sock");
+        std::fs::rename(&path, &hidden).unwrap();
+        for round in 0..3u32 {
+            let o = client.offer(10 + round, addr(2)).expect("offer");
+            assert!(
+                client.pending.lock().unwrap()[&o.nonce].pre.is_some(),
+                "pre-offered"
+            );
+            let s = server.connect(&o, 200 + round).expect("on the session");
+            assert!(
+                client.client_ready(o.nonce, server.stack_id),
+                "round {round}"
+            );
+            let (token, c) = client.take(o.nonce).unwrap();
+            let c = c.unwrap();
+            assert_eq!(
+                (token, c.peer_token, s.peer_token),
+                (10 + round, 200 + round, 10 + round)
+            );
+            s.tx.data.write(7, b"session");
+            let mut b = [0u8; 7];
+            c.rx.data.read(7, &mut b);
+            assert_eq!(&b, b"session");
+            c.tx.data.write(9, b"back");
+            let mut b = [0u8; 4];
+            s.rx.data.read(9, &mut b);
+            assert_eq!(&b, b"back");
+        }
+
+        // Pre-offered to `server`, but `other` answers the address now: the Accept names
+        // `other`, whose exchange with the client (socket gone) fails: not ready. The
+        // memory sent to `server` is not used.
+        let o = client.offer(20, addr(2)).expect("offer");
+        assert!(other.connect(&o, 300).is_err(), "no socket to reach");
+        assert!(!client.client_ready(o.nonce, other.stack_id));
+        drop(client.take(o.nonce));
+
+        // The server's stack goes: its end of the session closes, which the client's
+        // event thread sees on the sessions' epoll set (`reap_sessions`); then the next
+        // offer is a first contact again, and the client takes nothing that is not there.
+        assert_eq!(client.session_count(), 1);
+        server.shutdown();
+        let ready = rustix::event::poll(
+            &mut [rustix::event::PollFd::new(
+                &client.sessions_fd().unwrap(),
+                rustix::event::PollFlags::IN,
+            )],
+            Some(&rustix::event::Timespec {
+                tv_sec: 5,
+                tv_nsec: 0,
+            }),
+        )
+        .unwrap();
+        assert_eq!(ready, 1, "the session's end is seen");
+        client.reap_sessions();
+        assert_eq!(client.session_count(), 0);
+        let o = client.offer(21, addr(2)).expect("offer");
+        assert!(client.pending.lock().unwrap()[&o.nonce].pre.is_none());
+        assert!(!client.client_ready(o.nonce, server.stack_id));
+        drop(client.take(o.nonce));
+        // Back in place for the shutdown (which wakes the socket thread through it).
+        std::fs::rename(&hidden, &path).unwrap();
+        client.shutdown();
+        other.shutdown();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
