@@ -726,8 +726,9 @@ proptest! {
 
     #[test]
     fn same_host_hello_round_trip_and_garbage(nonce in any::<u64>(), token in any::<u32>(),
-        rmb_len in any::<u32>(), status in any::<u32>(), junk in vec(any::<u8>(), 0..64)) {
-        let h = clc::SameHostHello { nonce, token, rmb_len, status };
+        rmb_len in any::<u32>(), status in any::<u32>(), region in any::<u32>(),
+        junk in vec(any::<u8>(), 0..64)) {
+        let h = clc::SameHostHello { nonce, token, rmb_len, status, region };
         prop_assert_eq!(clc::SameHostHello::parse(&h.to_bytes()).unwrap(), h);
         if let Ok(x) = clc::SameHostHello::parse(&junk) {
             prop_assert_eq!(clc::SameHostHello::parse(&x.to_bytes()).unwrap(), x);

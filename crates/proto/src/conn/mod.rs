@@ -648,6 +648,16 @@ impl Conn {
         self.error
     }
 
+    /// The peer sent its last CDC: its close (PeerConnClosed) or abort (PeerConnAbort)
+    /// flag reached us (RFC 7609 §4.8.1). A peer that follows the protocol writes
+    /// nothing more into our RMB after it; a connection closed without it (our abort,
+    /// a peer that died) may still see writes in flight.
+    pub fn peer_finished(&self) -> bool {
+        self.cl
+            .peer
+            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+    }
+
     /// Events since the last call; clears them.
     pub fn take_events(&mut self) -> Events {
         std::mem::take(&mut self.events)

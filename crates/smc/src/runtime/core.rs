@@ -779,6 +779,23 @@ impl Core {
                 // Same host: the mappings and descriptors go with the last reference
                 // (the application's handle is gone by now).
                 self.shm_conns.remove(&t);
+                // Our region back to the session with the peer's stack (reused by the
+                // next connection with it) if the peer sent its last CDC; otherwise
+                // dropped, and the peer told.
+                if let (Some(p), Some(sh)) = (c.shm(), &inner.same_host) {
+                    if let Some(link) = p.session {
+                        let clean = c.lock().conn.peer_finished();
+                        let own = super::shm::OwnMem {
+                            num: p.rx_num,
+                            region: super::shm::region::Region {
+                                ctrl: p.rx_ctrl.clone(),
+                                data: c.rmb.clone(),
+                            },
+                            bell: p.bell.clone(),
+                        };
+                        sh.give_back(link, own, clean);
+                    }
+                }
                 // Our own memory (never mapped by the peer): reused as it is, a new
                 // connection sends only what its application writes into it.
                 if self.shm_sndbufs.len() < inner.cfg.rmb_cache
@@ -1134,7 +1151,8 @@ enum Fd {
     NetMon,
     /// A same-host connection's doorbell.
     Bell(u32),
-    /// The same-host sessions' epoll set (a peer stack ended its session).
+    /// The same-host sessions' epoll set (something came on a session, or a peer stack
+    /// ended its session).
     Sessions,
 }
 
@@ -1262,7 +1280,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 }
                 Fd::Sessions => {
                     if let Some(sh) = &inner.same_host {
-                        sh.reap_sessions();
+                        sh.on_sessions();
                     }
                 }
                 Fd::Conns => {

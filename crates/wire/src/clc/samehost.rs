@@ -136,9 +136,24 @@ pub struct SameHostHello {
     pub token: u32,
     /// Size of the sender's RMB (the data area of its receive region), bytes.
     pub rmb_len: u32,
-    /// 0 = accepted; otherwise the sender refuses (no such rendezvous, no resources).
+    /// [`HELLO_ACCEPTED`], [`HELLO_REFUSED`] (no such rendezvous, no resources), or
+    /// [`HELLO_RELEASE`] (on a session: the sender no longer offers its region
+    /// `region`; the receiver unmaps it). Any other value refuses.
     pub status: u32,
+    /// The sender's number for its region (1.., unique per stack). With descriptors: a
+    /// new region, which the receiver may remember under this number on the session
+    /// between the two stacks; without: a region the receiver already has mapped from
+    /// an earlier hello on that session (reused). 0: no number (not reusable).
+    pub region: u32,
 }
+
+/// [`SameHostHello::status`]: the rendezvous is accepted.
+pub const HELLO_ACCEPTED: u32 = 0;
+/// [`SameHostHello::status`]: refused.
+pub const HELLO_REFUSED: u32 = 1;
+/// [`SameHostHello::status`]: the sender's region [`SameHostHello::region`] is no longer
+/// offered (no nonce, token or size; no descriptors).
+pub const HELLO_RELEASE: u32 = 2;
 
 impl SameHostHello {
     /// Parses exactly [`HELLO_LEN`] bytes.
@@ -161,6 +176,7 @@ impl SameHostHello {
             token: u32at(16),
             rmb_len: u32at(20),
             status: u32at(24),
+            region: u32at(28),
         })
     }
 
@@ -172,6 +188,7 @@ impl SameHostHello {
         b[16..20].copy_from_slice(&self.token.to_be_bytes());
         b[20..24].copy_from_slice(&self.rmb_len.to_be_bytes());
         b[24..28].copy_from_slice(&self.status.to_be_bytes());
+        b[28..32].copy_from_slice(&self.region.to_be_bytes());
         b
     }
 }
@@ -235,8 +252,10 @@ mod tests {
             token: 0xdeadbeef,
             rmb_len: 1 << 20,
             status: 0,
+            region: 0x0102_0304,
         };
         let b = h.to_bytes();
+        assert_eq!(&b[28..32], &[1, 2, 3, 4], "the region number, last");
         assert_eq!(SameHostHello::parse(&b).unwrap(), h);
         assert!(SameHostHello::parse(&b[..31]).is_err());
         let mut bad = b;

@@ -37,6 +37,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use smc_verbs::{EventFd, RdmaBuffer};
+use smc_wire::clc::samehost::{HELLO_ACCEPTED, HELLO_REFUSED, HELLO_RELEASE};
 use smc_wire::clc::{SameHostHello, SameHostOffer};
 use tracing::{debug, warn};
 
@@ -45,21 +46,48 @@ use self::region::{Region, RxRing, TxRing};
 /// Default directory of the stacks' Unix sockets.
 pub const DEFAULT_DIR: &str = "/tmp/.smc-rs-samehost";
 
+/// The memory a side receives into (its region, which the peer maps and writes) and its
+/// doorbell: made for a connection, and kept for a later one with the same session peer
+/// when the connection ended cleanly (`SameHost::give_back`).
+pub(crate) struct OwnMem {
+    /// Our number for it ([`SameHostHello::region`]).
+    pub num: u32,
+    pub region: Region,
+    pub bell: Arc<EventFd>,
+}
+
+/// A peer's region, mapped, and its doorbell: what we write into.
+#[derive(Clone)]
+pub(crate) struct PeerMem {
+    pub region: Region,
+    pub bell: Arc<OwnedFd>,
+}
+
+/// The session a connection's memory belongs to (`gen` tells a session from a later one
+/// with the same stack).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SessionLink {
+    pub stack: u64,
+    pub gen: u64,
+}
+
 /// Everything one side has for a connection once the exchange is done.
 pub(crate) struct ShmSetup {
     pub local_token: u32,
     pub peer_token: u32,
-    pub rx: Region,
-    pub tx: Region,
-    pub bell: EventFd,
-    pub peer_bell: OwnedFd,
+    pub rx: OwnMem,
+    pub tx: PeerMem,
+    /// The peer's number for `tx` (0: none).
+    pub tx_num: u32,
     pub peer_pid: i32,
+    /// The session between the two stacks, once there is one: `rx` goes back to it at
+    /// the connection's end.
+    pub session: Option<SessionLink>,
 }
 
 /// A client's offer waiting for its server.
 struct Pending {
     token: u32,
-    rmb_len: u32,
     /// The server's address (the TCP peer): which stack serves it is learnt from its
     /// same-host Accept, for the next offer to it.
     peer: SocketAddr,
@@ -73,9 +101,8 @@ struct Pending {
 }
 
 struct PreOffer {
-    stack: u64,
-    rx: Region,
-    bell: EventFd,
+    link: SessionLink,
+    rx: OwnMem,
 }
 
 /// A hello that came on a session before its rendezvous asked for it.
@@ -92,6 +119,8 @@ const SESSION_INBOX: usize = 64;
 const SESSION_HELLO_TTL: Duration = Duration::from_secs(5);
 /// Servers remembered by address (client side), at most.
 const MAX_ROUTES: usize = 4096;
+/// Regions of ours a session keeps for the next connections with its peer, at most.
+const FREE_PER_SESSION: usize = 16;
 
 /// The Unix connection between two stacks of this host, kept after their first
 /// exchange (the server made it and checked the client's credentials; the client
@@ -101,19 +130,35 @@ const MAX_ROUTES: usize = 4096;
 /// client finds that answer there when the Accept comes (docs/samehost.md, "Subsequent
 /// contact"). Non-blocking on both sides; a broken one is dropped and the next
 /// rendezvous makes a new one.
+///
+/// The memory of a connection between them is reused too: a region of ours that a
+/// connection left cleanly (the peer sent its last CDC, so it writes no more) waits in
+/// `free` for the next connection with the same peer, which names it by number instead
+/// of sending a new memfd; the peer keeps its mapping (`peer_maps`) until we tell it we
+/// dropped it (`HELLO_RELEASE`) or the session ends. A region is only ever reused with
+/// the peer that already had it mapped: whatever that peer does to it reaches only its
+/// own connections.
 struct Session {
     stream: UnixStream,
     peer_pid: i32,
+    gen: u64,
     inbox: HashMap<u64, Received>,
+    /// Our regions, free for the next connection with this peer.
+    free: Vec<OwnMem>,
+    /// The peer's regions we have mapped, by its numbers.
+    peer_maps: HashMap<u32, PeerMem>,
 }
 
 impl Session {
-    fn new(stream: UnixStream, peer_pid: i32) -> io::Result<Session> {
+    fn new(stream: UnixStream, peer_pid: i32, gen: u64) -> io::Result<Session> {
         stream.set_nonblocking(true)?;
         Ok(Session {
             stream,
             peer_pid,
+            gen,
             inbox: HashMap::new(),
+            free: Vec::new(),
+            peer_maps: HashMap::new(),
         })
     }
 
@@ -123,6 +168,12 @@ impl Session {
         self.inbox
             .retain(|_, r| now.duration_since(r.at) < SESSION_HELLO_TTL);
         while let Some((hello, fds)) = exchange::recv_nowait(&self.stream)? {
+            if hello.status == HELLO_RELEASE {
+                // The peer dropped that region: our mapping of it goes (a connection
+                // still writing into it keeps its own reference until it ends).
+                self.peer_maps.remove(&hello.region);
+                continue;
+            }
             if self.inbox.len() >= SESSION_INBOX {
                 let oldest = self.inbox.iter().min_by_key(|(_, r)| r.at).map(|(n, _)| *n);
                 if let Some(n) = oldest {
@@ -162,10 +213,13 @@ pub(crate) struct SameHost {
     sessions: Mutex<HashMap<u64, Session>>,
     /// Client: which stack served an address last (its same-host Accept).
     routes: Mutex<HashMap<SocketAddr, u64>>,
-    /// The sessions' sockets, watched for their peer's end (`EPOLLRDHUP`, keyed by the
-    /// peer's stack id) by the event thread, so that the session of a process that
-    /// exited goes at once (`reap_sessions`), not at the next rendezvous with it, which
-    /// may never come. `None` if it could not be made: then no session is kept.
+    /// Numbers for our regions and for sessions.
+    next_num: AtomicU64,
+    /// The sessions' sockets, watched by the event thread (keyed by the peer's stack id)
+    /// for what comes on them and for their peer's end (`on_sessions`): a release or the
+    /// end of a process that exited is handled at once, not at the next rendezvous
+    /// with it, which may never come. `None` if it could not be made: then no session
+    /// is kept.
     sess_epoll: Option<OwnedFd>,
     stop: AtomicBool,
     /// The socket thread, started with the first offer.
@@ -188,6 +242,7 @@ impl SameHost {
             pending: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             routes: Mutex::new(HashMap::new()),
+            next_num: AtomicU64::new(1),
             sess_epoll: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
                 .ok()
                 .map(smc_verbs::process::lift),
@@ -264,7 +319,6 @@ impl SameHost {
             nonce,
             Pending {
                 token,
-                rmb_len: self.rmb_len,
                 peer,
                 ready: None,
                 pre,
@@ -277,27 +331,22 @@ impl SameHost {
         })
     }
 
-    /// Subsequent contact, client side: our memory on the session with the stack that
-    /// served `peer` last. Any failure only means the server does the full exchange.
+    /// Subsequent contact, client side: our memory (a free region of the session, or a
+    /// new one) on the session with the stack that served `peer` last. Any failure only
+    /// means the server does the full exchange.
     fn pre_offer(&self, nonce: u64, token: u32, peer: SocketAddr) -> Option<PreOffer> {
         let stack = *self.routes.lock().ok()?.get(&peer)?;
         let mut sessions = self.sessions.lock().ok()?;
-        let s = sessions.get(&stack)?;
-        let made = (|| -> io::Result<PreOffer> {
-            let (rx, memfd) = Region::create(self.rmb_len)?;
-            let bell = EventFd::new()?;
-            let bell_fd = bell_owned(&bell)?;
-            let h = SameHostHello {
-                nonce,
-                token,
-                rmb_len: self.rmb_len,
-                status: 0,
-            };
-            exchange::send_nowait(&s.stream, &h, &[&memfd, &bell_fd])?;
-            Ok(PreOffer { stack, rx, bell })
+        let s = sessions.get_mut(&stack)?;
+        let link = SessionLink { stack, gen: s.gen };
+        let made = (|| -> io::Result<OwnMem> {
+            let (rx, fds) = self.own_mem(Some(&mut *s))?;
+            let fds: Vec<&OwnedFd> = fds.iter().collect();
+            exchange::send_nowait(&s.stream, &hello(nonce, token, &rx), &fds)?;
+            Ok(rx)
         })();
         match made {
-            Ok(p) => Some(p),
+            Ok(rx) => Some(PreOffer { link, rx }),
             Err(e) => {
                 debug!(error = %e, stack = format_args!("{stack:016x}"), "same-host session dropped");
                 sessions.remove(&stack);
@@ -317,47 +366,88 @@ impl SameHost {
         let Some(x) = p.get_mut(&nonce) else {
             return false;
         };
-        if x.ready.is_some() {
-            // The full exchange: its connection becomes our session with that stack.
+        let Ok(mut ss) = self.sessions.lock() else {
+            return false;
+        };
+        if let Some(setup) = &mut x.ready {
+            // The full exchange: its connection becomes our session with that stack,
+            // and the server's region is remembered there by its number.
             if let Some((s, pid)) = x.session.take() {
-                if let Ok(mut ss) = self.sessions.lock() {
-                    self.add_session(&mut ss, server_stack, s, pid);
+                if let Some(link) = self.add_session(&mut ss, server_stack, s, pid) {
+                    if setup.tx_num != 0 {
+                        if let Some(sess) = ss.get_mut(&server_stack) {
+                            sess.peer_maps.insert(setup.tx_num, setup.tx.clone());
+                        }
+                    }
+                    setup.session = Some(link);
                 }
             }
+            drop(ss);
             self.learn_route(x.peer, server_stack);
             return true;
         }
         let Some(pre) = x.pre.take() else {
             return false;
         };
-        if pre.stack != server_stack {
-            // Another stack serves that address now: it never had this memory.
+        let live = ss.get(&server_stack).is_some_and(|s| s.gen == pre.link.gen);
+        if pre.link.stack != server_stack || !live {
+            // Another stack serves that address now (or the session was replaced): the
+            // memory we sent was never used by this rendezvous.
+            give_back_in(&mut ss, pre.link, pre.rx, false);
             return false;
         }
-        let Ok(mut ss) = self.sessions.lock() else {
-            return false;
-        };
-        let Some(s) = ss.get_mut(&server_stack) else {
-            return false;
-        };
-        let got = match s.take(nonce) {
-            Ok(Some(r)) if r.hello.status == 0 => r,
-            Ok(_) => return false,
-            Err(e) => {
-                debug!(error = %e, "same-host session dropped");
-                ss.remove(&server_stack);
-                return false;
+        let s = ss.get_mut(&server_stack).expect("checked above");
+        let r = match s.take(nonce) {
+            Ok(Some(r)) if r.hello.status == HELLO_ACCEPTED => {
+                let pid = s.peer_pid;
+                peer_mem(&r.hello, r.fds, Some(&mut *s))
+                    .map(|tx| finish_setup(pre.rx, x.token, &r.hello, tx, pid, Some(pre.link)))
+                    .map_err(|e| (e, None))
             }
+            Ok(_) => Err((io::Error::other("no answer on the session"), Some(pre))),
+            Err(e) => Err((e, Some(pre))),
         };
-        match finish_setup(pre.rx, pre.bell, x.token, &got.hello, got.fds, s.peer_pid) {
+        match r {
             Ok(setup) => {
                 x.ready = Some(setup);
                 true
             }
-            Err(e) => {
+            Err((e, pre)) => {
                 debug!(error = %e, "same-host answer on the session refused");
+                if let Some(pre) = pre {
+                    give_back_in(&mut ss, pre.link, pre.rx, false);
+                }
                 false
             }
+        }
+    }
+
+    /// Our memory for a connection with the peer of `session`: a free region of it, or a
+    /// new one with the descriptors to send (its memfd and a copy of its bell).
+    fn own_mem(&self, session: Option<&mut Session>) -> io::Result<(OwnMem, Vec<OwnedFd>)> {
+        if let Some(m) = session.and_then(|s| s.free.pop()) {
+            return Ok((m, Vec::new()));
+        }
+        let (region, memfd) = Region::create(self.rmb_len)?;
+        let bell = EventFd::new()?;
+        let bell_fd = bell_owned(&bell)?;
+        let num = (self.next_num.fetch_add(1, Ordering::Relaxed) as u32).max(1);
+        Ok((
+            OwnMem {
+                num,
+                region,
+                bell: Arc::new(bell),
+            },
+            vec![memfd, bell_fd],
+        ))
+    }
+
+    /// A connection's memory at its end (the event thread, once the connection is
+    /// released): back to its session's free regions when the peer sent its last CDC
+    /// (`clean`), else dropped, and the peer told to drop its mapping.
+    pub(crate) fn give_back(&self, link: SessionLink, own: OwnMem, clean: bool) {
+        if let Ok(mut ss) = self.sessions.lock() {
+            give_back_in(&mut ss, link, own, clean);
         }
     }
 
@@ -369,24 +459,22 @@ impl SameHost {
         stack: u64,
         stream: UnixStream,
         pid: i32,
-    ) {
+    ) -> Option<SessionLink> {
         use rustix::event::epoll;
-        let Some(ep) = &self.sess_epoll else { return };
+        let ep = self.sess_epoll.as_ref()?;
         // The older one's descriptor leaves the epoll set as it closes.
         sessions.remove(&stack);
-        let Ok(s) = Session::new(stream, pid) else {
-            return;
-        };
-        if epoll::add(
+        let gen = self.next_num.fetch_add(1, Ordering::Relaxed);
+        let s = Session::new(stream, pid, gen).ok()?;
+        epoll::add(
             ep,
             &s.stream,
             epoll::EventData::new_u64(stack),
-            epoll::EventFlags::RDHUP,
+            epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
         )
-        .is_ok()
-        {
-            sessions.insert(stack, s);
-        }
+        .ok()?;
+        sessions.insert(stack, s);
+        Some(SessionLink { stack, gen })
     }
 
     /// The epoll set of the sessions' sockets, for the event thread's `poll`.
@@ -395,9 +483,12 @@ impl SameHost {
         self.sess_epoll.as_ref().map(|f| f.as_fd())
     }
 
-    /// Sessions whose peer closed its end (its process exited, or it dropped the
-    /// session): gone, with whatever hellos they held.
-    pub(crate) fn reap_sessions(&self) {
+    /// The sessions the event thread found ready: what came on them is read (a hello for
+    /// a rendezvous to come waits in the inbox; a release unmaps that region of the peer
+    /// now, not at the next rendezvous, which may never come); a session whose peer
+    /// closed its end (its process exited, or it dropped the session) goes, with
+    /// whatever it held.
+    pub(crate) fn on_sessions(&self) {
         use rustix::event::epoll;
         let Some(ep) = &self.sess_epoll else { return };
         let mut ready: Vec<epoll::Event> = Vec::with_capacity(16);
@@ -412,12 +503,20 @@ impl SameHost {
             return;
         };
         for ev in &ready {
-            let stack = ev.data.u64();
-            debug!(
-                stack = format_args!("{stack:016x}"),
-                "same-host session ended by its peer"
+            let (stack, flags) = (ev.data.u64(), ev.flags);
+            let ended = flags.intersects(
+                epoll::EventFlags::RDHUP | epoll::EventFlags::HUP | epoll::EventFlags::ERR,
             );
-            ss.remove(&stack);
+            let Some(s) = ss.get_mut(&stack) else {
+                continue;
+            };
+            if ended || s.drain().is_err() {
+                debug!(
+                    stack = format_args!("{stack:016x}"),
+                    "same-host session ended by its peer"
+                );
+                ss.remove(&stack);
+            }
         }
     }
 
@@ -440,6 +539,10 @@ impl SameHost {
     /// exchange was done, the memory (the caller uses it or drops it).
     pub(crate) fn take(&self, nonce: u64) -> Option<(u32, Option<ShmSetup>)> {
         let x = self.pending.lock().ok()?.remove(&nonce)?;
+        if let Some(pre) = x.pre {
+            // Sent on the session but not used: the server may have mapped it.
+            self.give_back(pre.link, pre.rx, false);
+        }
         Some((x.token, x.ready))
     }
 
@@ -455,30 +558,28 @@ impl SameHost {
         s.set_read_timeout(Some(exchange::IO_TIMEOUT))?;
         s.set_write_timeout(Some(exchange::IO_TIMEOUT))?;
         let peer_pid = exchange::check_peer(&s)?;
-        let (rx, memfd) = Region::create(self.rmb_len)?;
-        let bell = EventFd::new()?;
-        let bell_fd = bell_owned(&bell)?;
-        exchange::send(
-            &s,
-            &SameHostHello {
-                nonce: offer.nonce,
-                token,
-                rmb_len: self.rmb_len,
-                status: 0,
-            },
-            &[&memfd, &bell_fd],
-        )?;
-        drop((memfd, bell_fd));
+        let (rx, fds) = self.own_mem(None)?;
+        let fd_refs: Vec<&OwnedFd> = fds.iter().collect();
+        exchange::send(&s, &hello(offer.nonce, token, &rx), &fd_refs)?;
+        drop(fds);
         let (h, fds) = exchange::recv(&s)?;
-        if h.status != 0 || h.nonce != offer.nonce {
+        if h.status != HELLO_ACCEPTED || h.nonce != offer.nonce {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionRefused,
                 "same-host offer not acknowledged",
             ));
         }
-        let setup = finish_setup(rx, bell, token, &h, fds, peer_pid)?;
+        let tx = peer_mem(&h, fds, None)?;
+        let mut setup = finish_setup(rx, token, &h, tx, peer_pid, None);
         if let Ok(mut ss) = self.sessions.lock() {
-            self.add_session(&mut ss, offer.stack_id, s, peer_pid);
+            if let Some(link) = self.add_session(&mut ss, offer.stack_id, s, peer_pid) {
+                if h.region != 0 {
+                    if let Some(sess) = ss.get_mut(&offer.stack_id) {
+                        sess.peer_maps.insert(h.region, setup.tx.clone());
+                    }
+                }
+                setup.session = Some(link);
+            }
         }
         Ok(setup)
     }
@@ -501,27 +602,33 @@ impl SameHost {
                 return None;
             }
         };
-        let peer_pid = s.peer_pid;
+        let (peer_pid, link) = (
+            s.peer_pid,
+            SessionLink {
+                stack: offer.stack_id,
+                gen: s.gen,
+            },
+        );
         let r = (|| -> io::Result<ShmSetup> {
-            if got.hello.status != 0 {
+            if got.hello.status != HELLO_ACCEPTED {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionRefused,
                     "same-host hello refused",
                 ));
             }
-            let (rx, memfd) = Region::create(self.rmb_len)?;
-            let bell = EventFd::new()?;
-            let bell_fd = bell_owned(&bell)?;
-            let setup = finish_setup(rx, bell, token, &got.hello, got.fds, peer_pid)?;
+            let tx = peer_mem(&got.hello, got.fds, Some(&mut *s))?;
+            let (rx, fds) = self.own_mem(Some(&mut *s))?;
             // Answered before our Accept leaves: the client finds it when that comes.
-            let h = SameHostHello {
-                nonce: offer.nonce,
+            let fd_refs: Vec<&OwnedFd> = fds.iter().collect();
+            exchange::send_nowait(&s.stream, &hello(offer.nonce, token, &rx), &fd_refs)?;
+            Ok(finish_setup(
+                rx,
                 token,
-                rmb_len: self.rmb_len,
-                status: 0,
-            };
-            exchange::send_nowait(&s.stream, &h, &[&memfd, &bell_fd])?;
-            Ok(setup)
+                &got.hello,
+                tx,
+                peer_pid,
+                Some(link),
+            ))
         })();
         if r.is_err() {
             // A bad hello, or a client that does not read its session: no more of it.
@@ -549,30 +656,31 @@ impl SameHost {
         s.set_write_timeout(Some(exchange::IO_TIMEOUT))?;
         let peer_pid = exchange::check_peer(s)?;
         let (h, fds) = exchange::recv(s)?;
-        let (token, rmb_len) = {
+        let token = {
             let p = self
                 .pending
                 .lock()
                 .map_err(|_| io::Error::other("poisoned"))?;
             match p.get(&h.nonce) {
-                Some(x) if x.ready.is_none() => (x.token, x.rmb_len),
+                Some(x) if x.ready.is_none() => x.token,
                 _ => {
                     drop(p);
                     let no = SameHostHello {
                         nonce: h.nonce,
                         token: 0,
                         rmb_len: 0,
-                        status: 1,
+                        status: HELLO_REFUSED,
+                        region: 0,
                     };
                     let _ = exchange::send(s, &no, &[]);
                     return Err(io::Error::other("no such offer"));
                 }
             }
         };
-        let (rx, memfd) = Region::create(rmb_len)?;
-        let bell = EventFd::new()?;
-        let bell_fd = bell_owned(&bell)?;
-        let setup = finish_setup(rx, bell, token, &h, fds, peer_pid)?;
+        let tx = peer_mem(&h, fds, None)?;
+        let (rx, my_fds) = self.own_mem(None)?;
+        let reply = hello(h.nonce, token, &rx);
+        let setup = finish_setup(rx, token, &h, tx, peer_pid, None);
         // Ready before the server hears back: it answers the client on TCP at once, and
         // the client's rendezvous asks for the memory as soon as that arrives.
         {
@@ -589,16 +697,8 @@ impl SameHost {
                 _ => return Err(io::Error::other("offer gone meanwhile")),
             }
         }
-        let sent = exchange::send(
-            s,
-            &SameHostHello {
-                nonce: h.nonce,
-                token,
-                rmb_len,
-                status: 0,
-            },
-            &[&memfd, &bell_fd],
-        );
+        let fd_refs: Vec<&OwnedFd> = my_fds.iter().collect();
+        let sent = exchange::send(s, &reply, &fd_refs);
         if sent.is_err() {
             // The server goes on with SMC-R; this memory will not be used.
             if let Ok(mut p) = self.pending.lock() {
@@ -630,40 +730,104 @@ impl SameHost {
     }
 }
 
+/// Our hello for a rendezvous, naming our memory.
+fn hello(nonce: u64, token: u32, rx: &OwnMem) -> SameHostHello {
+    SameHostHello {
+        nonce,
+        token,
+        rmb_len: rx.region.data.len() as u32,
+        status: HELLO_ACCEPTED,
+        region: rx.num,
+    }
+}
+
+/// See [`SameHost::give_back`]; with the sessions locked.
+fn give_back_in(ss: &mut HashMap<u64, Session>, link: SessionLink, own: OwnMem, clean: bool) {
+    let Some(s) = ss.get_mut(&link.stack).filter(|s| s.gen == link.gen) else {
+        // That session is gone: so is the peer's mapping of this memory.
+        return;
+    };
+    if clean && s.free.len() < FREE_PER_SESSION {
+        // A fresh start for the next connection's ring (its indices begin at 0); the
+        // RMB keeps what this peer itself wrote there, which tells it nothing new.
+        own.region.ctrl.fill(0, region::CTRL_LEN, 0);
+        own.bell.drain();
+        s.free.push(own);
+        return;
+    }
+    let release = SameHostHello {
+        nonce: 0,
+        token: 0,
+        rmb_len: 0,
+        status: HELLO_RELEASE,
+        region: own.num,
+    };
+    if exchange::send_nowait(&s.stream, &release, &[]).is_err() {
+        ss.remove(&link.stack);
+    }
+}
+
 /// A second descriptor of our bell, to send (closed after sending).
 fn bell_owned(bell: &EventFd) -> io::Result<OwnedFd> {
     use std::os::fd::AsFd;
     bell.as_fd().try_clone_to_owned()
 }
 
-/// Checks and maps what the peer sent.
-fn finish_setup(
-    rx: Region,
-    bell: EventFd,
-    local_token: u32,
+/// The peer's memory a hello names: sent with it (two descriptors, checked and mapped,
+/// then remembered on the session under the peer's number), or (no descriptors) one of
+/// the session's that the peer named by number.
+fn peer_mem(
     h: &SameHostHello,
     mut fds: Vec<OwnedFd>,
-    peer_pid: i32,
-) -> io::Result<ShmSetup> {
+    session: Option<&mut Session>,
+) -> io::Result<PeerMem> {
+    let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
+    if fds.is_empty() {
+        let m = session
+            .filter(|_| h.region != 0)
+            .and_then(|s| s.peer_maps.get(&h.region).cloned())
+            .ok_or_else(|| bad("same-host hello names a region we do not have"))?;
+        if m.region.data.len() != h.rmb_len as usize {
+            return Err(bad("same-host hello: another size for a known region"));
+        }
+        return Ok(m);
+    }
     if fds.len() != 2 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "same-host hello without its two descriptors",
-        ));
+        return Err(bad("same-host hello without its two descriptors"));
     }
     let peer_bell = fds.pop().expect("two descriptors");
     let memfd = fds.pop().expect("two descriptors");
     exchange::check_eventfd(&peer_bell)?;
-    let tx = Region::map_peer(&memfd, h.rmb_len)?;
-    Ok(ShmSetup {
+    let m = PeerMem {
+        region: Region::map_peer(&memfd, h.rmb_len)?,
+        bell: Arc::new(peer_bell),
+    };
+    if let Some(s) = session {
+        if h.region != 0 {
+            s.peer_maps.insert(h.region, m.clone());
+        }
+    }
+    Ok(m)
+}
+
+/// The connection's memory, both sides known.
+fn finish_setup(
+    rx: OwnMem,
+    local_token: u32,
+    h: &SameHostHello,
+    tx: PeerMem,
+    peer_pid: i32,
+    session: Option<SessionLink>,
+) -> ShmSetup {
+    ShmSetup {
         local_token,
         peer_token: h.token,
         rx,
         tx,
-        bell,
-        peer_bell,
+        tx_num: h.region,
         peer_pid,
-    })
+        session,
+    }
 }
 
 /// Sockets of stacks that are gone (killed before removing theirs): removed when a new
@@ -693,10 +857,13 @@ pub(crate) struct ShmPath {
     pub tx_data: Arc<RdmaBuffer>,
     /// Our doorbell: the event thread polls it, and so does a thread sleeping in a
     /// blocking call.
-    pub bell: EventFd,
+    pub bell: Arc<EventFd>,
     /// The peer's doorbell.
-    pub peer_bell: OwnedFd,
+    pub peer_bell: Arc<OwnedFd>,
     pub peer_pid: i32,
+    /// Our number for our region (`OwnMem::num`) and the session it goes back to.
+    pub rx_num: u32,
+    pub session: Option<SessionLink>,
     /// Our ring position as last seen under the lock (a hint for spinning threads).
     pub rx_tail_hint: AtomicU64,
     /// Current spin budget in ns (adaptive, between 1/16 and all of the configured one).
@@ -717,25 +884,27 @@ impl ShmPath {
     ) -> io::Result<(ShmPath, ShmRings, Arc<RdmaBuffer>)> {
         let rings = ShmRings {
             rx: RxRing {
-                ctrl: s.rx.ctrl.clone(),
+                ctrl: s.rx.region.ctrl.clone(),
                 tail: 0,
             },
             tx: TxRing {
-                ctrl: s.tx.ctrl.clone(),
+                ctrl: s.tx.region.ctrl.clone(),
                 head: 0,
             },
         };
         let p = ShmPath {
-            rx_ctrl: s.rx.ctrl,
-            tx_data: s.tx.data,
-            bell: s.bell,
-            peer_bell: s.peer_bell,
+            rx_ctrl: s.rx.region.ctrl,
+            tx_data: s.tx.region.data,
+            bell: s.rx.bell,
+            peer_bell: s.tx.bell,
             peer_pid: s.peer_pid,
+            rx_num: s.rx.num,
+            session: s.session,
             rx_tail_hint: AtomicU64::new(0),
             spin_ns: AtomicU64::new(spin_max.as_nanos() as u64),
             spin_max,
         };
-        Ok((p, rings, s.rx.data))
+        Ok((p, rings, s.rx.region.data))
     }
 
     /// Wakes the peer's event thread.
@@ -779,7 +948,7 @@ pub(crate) fn new_conn(
     let (token, peer_token, peer_len) = (
         setup.local_token,
         setup.peer_token,
-        setup.tx.data.len() as u32,
+        setup.tx.region.data.len() as u32,
     );
     let (path, rings, rmb) = ShmPath::new(setup, cfg.same_host_spin)?;
     let geo = |len: u32| {
@@ -834,18 +1003,18 @@ mod tests {
         assert!(server.connect(&bad, 0x2222).is_err());
         let s = server.connect(&offer, 0x2222).expect("exchange");
         assert_eq!((s.local_token, s.peer_token), (0x2222, 0x1111));
-        assert_eq!(s.tx.data.len(), 64 << 10);
+        assert_eq!(s.tx.region.data.len(), 64 << 10);
         assert!(client.client_ready(offer.nonce, server.stack_id));
         // Answered once only.
         assert!(server.connect(&offer, 0x3333).is_err());
         let (token, c) = client.take(offer.nonce).unwrap();
         let c = c.unwrap();
         assert_eq!((token, c.peer_token), (0x1111, 0x2222));
-        assert_eq!(c.tx.data.len(), 32 << 10);
+        assert_eq!(c.tx.region.data.len(), 32 << 10);
         // The two sides see the same bytes.
-        s.tx.data.write(5, b"to client");
+        s.tx.region.data.write(5, b"to client");
         let mut b = [0u8; 9];
-        c.rx.data.read(5, &mut b);
+        c.rx.region.data.read(5, &mut b);
         assert_eq!(&b, b"to client");
         // An unknown stack: no socket, no same-host path.
         let none = SameHostOffer {
@@ -896,6 +1065,9 @@ mod tests {
         let path = SameHost::sock_path(&dir, client.stack_id);
         let hidden = dir.join("hidden.sock");
         std::fs::rename(&path, &hidden).unwrap();
+        // Rounds 1 and 2 reuse the regions round 0 gave back (same numbers, no memfd
+        // sent), their rings starting afresh.
+        let mut nums = None;
         for round in 0..3u32 {
             let o = client.offer(10 + round, addr(2)).expect("offer");
             assert!(
@@ -913,15 +1085,64 @@ mod tests {
                 (token, c.peer_token, s.peer_token),
                 (10 + round, 200 + round, 10 + round)
             );
-            s.tx.data.write(7, b"session");
+            let now = (c.rx.num, s.rx.num);
+            assert_eq!(
+                (c.tx_num, s.tx_num),
+                (now.1, now.0),
+                "each names the other's"
+            );
+            if round > 0 {
+                assert_eq!(Some(now), nums, "round {round} reuses the regions");
+            }
+            nums = Some(now);
+            let mut head = [0xffu8; 8];
+            c.rx.region.ctrl.read(0, &mut head);
+            assert_eq!(head, [0; 8], "a reused ring starts empty");
+            s.tx.region.data.write(7, b"session");
             let mut b = [0u8; 7];
-            c.rx.data.read(7, &mut b);
+            c.rx.region.data.read(7, &mut b);
             assert_eq!(&b, b"session");
-            c.tx.data.write(9, b"back");
+            c.tx.region.data.write(9, b"back");
             let mut b = [0u8; 4];
-            s.rx.data.read(9, &mut b);
+            s.rx.region.data.read(9, &mut b);
             assert_eq!(&b, b"back");
+            // Something in the ring, as a connection leaves it.
+            s.tx.region.ctrl.write(0, &[7; 8]);
+            // Both connections ended cleanly: the memory goes back to the session.
+            client.give_back(c.session.unwrap(), c.rx, true);
+            server.give_back(s.session.unwrap(), s.rx, true);
         }
+
+        // A connection that did not end cleanly: its region is not kept, and the peer,
+        // told, drops its mapping of it as soon as its event thread looks.
+        let o = client.offer(30, addr(2)).expect("offer");
+        let s = server.connect(&o, 300).expect("on the session");
+        assert!(client.client_ready(o.nonce, server.stack_id));
+        let c = client.take(o.nonce).unwrap().1.unwrap();
+        let num = c.rx.num;
+        let mapped = |sh: &SameHost| {
+            sh.sessions.lock().unwrap()[&client.stack_id]
+                .peer_maps
+                .contains_key(&num)
+        };
+        assert!(mapped(&server));
+        client.give_back(c.session.unwrap(), c.rx, false);
+        let fd = server.sessions_fd().unwrap();
+        let mut pfd = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let one_s = rustix::event::Timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        assert_eq!(rustix::event::poll(&mut pfd, Some(&one_s)).unwrap(), 1);
+        server.on_sessions();
+        assert!(!mapped(&server), "released");
+        assert!(client.sessions.lock().unwrap()[&server.stack_id]
+            .free
+            .is_empty());
+        server.give_back(s.session.unwrap(), s.rx, true);
 
         // Pre-offered to `server`, but `other` answers the address now: the Accept names
         // `other`, whose exchange with the client (socket gone) fails: not ready. The
@@ -932,7 +1153,7 @@ mod tests {
         drop(client.take(o.nonce));
 
         // The server's stack goes: its end of the session closes, which the client's
-        // event thread sees on the sessions' epoll set (`reap_sessions`); then the next
+        // event thread sees on the sessions' epoll set (`on_sessions`); then the next
         // offer is a first contact again, and the client takes nothing that is not there.
         assert_eq!(client.session_count(), 1);
         server.shutdown();
@@ -948,7 +1169,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ready, 1, "the session's end is seen");
-        client.reap_sessions();
+        client.on_sessions();
         assert_eq!(client.session_count(), 0);
         let o = client.offer(21, addr(2)).expect("offer");
         assert!(client.pending.lock().unwrap()[&o.nonce].pre.is_none());

@@ -56,6 +56,7 @@ pub(crate) enum RingError {
 }
 
 /// A mapped region: its control page and its data area (the RMB).
+#[derive(Clone)]
 pub(crate) struct Region {
     pub ctrl: Arc<RdmaBuffer>,
     pub data: Arc<RdmaBuffer>,
