@@ -147,6 +147,11 @@ struct Session {
     free: Vec<OwnMem>,
     /// The peer's regions we have mapped, by its numbers.
     peer_maps: HashMap<u32, PeerMem>,
+    /// Connections over this session not yet given back: a peer that follows the
+    /// protocol has at most `live + FREE_PER_SESSION` regions we know of (it releases
+    /// the others), so `peer_maps` beyond that (plus a margin) is a misbehaving peer,
+    /// whose session goes rather than let it pile up our mappings and descriptors.
+    live: usize,
 }
 
 impl Session {
@@ -159,6 +164,7 @@ impl Session {
             inbox: HashMap::new(),
             free: Vec::new(),
             peer_maps: HashMap::new(),
+            live: 0,
         })
     }
 
@@ -374,10 +380,11 @@ impl SameHost {
             // and the server's region is remembered there by its number.
             if let Some((s, pid)) = x.session.take() {
                 if let Some(link) = self.add_session(&mut ss, server_stack, s, pid) {
-                    if setup.tx_num != 0 {
-                        if let Some(sess) = ss.get_mut(&server_stack) {
+                    if let Some(sess) = ss.get_mut(&server_stack) {
+                        if setup.tx_num != 0 {
                             sess.peer_maps.insert(setup.tx_num, setup.tx.clone());
                         }
+                        sess.live += 1;
                     }
                     setup.session = Some(link);
                 }
@@ -393,7 +400,7 @@ impl SameHost {
         if pre.link.stack != server_stack || !live {
             // Another stack serves that address now (or the session was replaced): the
             // memory we sent was never used by this rendezvous.
-            give_back_in(&mut ss, pre.link, pre.rx, false);
+            give_back_in(&mut ss, pre.link, pre.rx, false, false);
             return false;
         }
         let s = ss.get_mut(&server_stack).expect("checked above");
@@ -409,14 +416,18 @@ impl SameHost {
         };
         match r {
             Ok(setup) => {
+                s.live += 1;
                 x.ready = Some(setup);
                 true
             }
             Err((e, pre)) => {
-                debug!(error = %e, "same-host answer on the session refused");
+                // The server accepted but its answer is missing or bad: a broken or
+                // misbehaving session, which goes (and with it all its memory).
+                debug!(error = %e, "same-host answer on the session refused: session dropped");
                 if let Some(pre) = pre {
-                    give_back_in(&mut ss, pre.link, pre.rx, false);
+                    give_back_in(&mut ss, pre.link, pre.rx, false, false);
                 }
+                ss.remove(&server_stack);
                 false
             }
         }
@@ -447,7 +458,7 @@ impl SameHost {
     /// (`clean`), else dropped, and the peer told to drop its mapping.
     pub(crate) fn give_back(&self, link: SessionLink, own: OwnMem, clean: bool) {
         if let Ok(mut ss) = self.sessions.lock() {
-            give_back_in(&mut ss, link, own, clean);
+            give_back_in(&mut ss, link, own, clean, true);
         }
     }
 
@@ -541,7 +552,9 @@ impl SameHost {
         let x = self.pending.lock().ok()?.remove(&nonce)?;
         if let Some(pre) = x.pre {
             // Sent on the session but not used: the server may have mapped it.
-            self.give_back(pre.link, pre.rx, false);
+            if let Ok(mut ss) = self.sessions.lock() {
+                give_back_in(&mut ss, pre.link, pre.rx, false, false);
+            }
         }
         Some((x.token, x.ready))
     }
@@ -573,10 +586,11 @@ impl SameHost {
         let mut setup = finish_setup(rx, token, &h, tx, peer_pid, None);
         if let Ok(mut ss) = self.sessions.lock() {
             if let Some(link) = self.add_session(&mut ss, offer.stack_id, s, peer_pid) {
-                if h.region != 0 {
-                    if let Some(sess) = ss.get_mut(&offer.stack_id) {
+                if let Some(sess) = ss.get_mut(&offer.stack_id) {
+                    if h.region != 0 {
                         sess.peer_maps.insert(h.region, setup.tx.clone());
                     }
+                    sess.live += 1;
                 }
                 setup.session = Some(link);
             }
@@ -621,6 +635,7 @@ impl SameHost {
             // Answered before our Accept leaves: the client finds it when that comes.
             let fd_refs: Vec<&OwnedFd> = fds.iter().collect();
             exchange::send_nowait(&s.stream, &hello(offer.nonce, token, &rx), &fd_refs)?;
+            s.live += 1;
             Ok(finish_setup(
                 rx,
                 token,
@@ -742,11 +757,20 @@ fn hello(nonce: u64, token: u32, rx: &OwnMem) -> SameHostHello {
 }
 
 /// See [`SameHost::give_back`]; with the sessions locked.
-fn give_back_in(ss: &mut HashMap<u64, Session>, link: SessionLink, own: OwnMem, clean: bool) {
+fn give_back_in(
+    ss: &mut HashMap<u64, Session>,
+    link: SessionLink,
+    own: OwnMem,
+    clean: bool,
+    counted: bool,
+) {
     let Some(s) = ss.get_mut(&link.stack).filter(|s| s.gen == link.gen) else {
         // That session is gone: so is the peer's mapping of this memory.
         return;
     };
+    if counted {
+        s.live = s.live.saturating_sub(1);
+    }
     if clean && s.free.len() < FREE_PER_SESSION {
         // A fresh start for the next connection's ring (its indices begin at 0); the
         // RMB keeps what this peer itself wrote there, which tells it nothing new.
@@ -804,6 +828,9 @@ fn peer_mem(
     };
     if let Some(s) = session {
         if h.region != 0 {
+            if s.peer_maps.len() >= s.live + 1 + 2 * FREE_PER_SESSION {
+                return Err(bad("same-host peer holds more regions than it may"));
+            }
             s.peer_maps.insert(h.region, m.clone());
         }
     }
@@ -1179,6 +1206,50 @@ mod tests {
         std::fs::rename(&hidden, &path).unwrap();
         client.shutdown();
         other.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A client that sends a new region with every rendezvous and never releases any
+    /// (what no smc-rs stack does) would pile up mappings and descriptors in the server:
+    /// once the server knows more of its regions than its live connections and free
+    /// lists explain, the session goes, and with it everything the server mapped.
+    #[test]
+    fn a_peer_that_piles_up_regions_loses_its_session() {
+        let dir = std::env::temp_dir().join(format!("smc-rs-shm-pile-{}", std::process::id()));
+        let client = Arc::new(SameHost::new(dir.clone(), 16 << 10));
+        let server = Arc::new(SameHost::new(dir.clone(), 16 << 10));
+        let first = client.offer(1, addr(3)).expect("offer");
+        let s = server.connect(&first, 100).expect("full exchange");
+        assert!(client.client_ready(first.nonce, server.stack_id));
+        drop(client.take(first.nonce));
+        server.give_back(s.session.unwrap(), s.rx, true);
+        let mut dropped_at = None;
+        for round in 0..100u32 {
+            let o = client.offer(10 + round, addr(3)).expect("offer");
+            match server.connect(&o, 200 + round) {
+                Ok(s) => {
+                    // The server's connection ends cleanly every time; the client never
+                    // gives its memory back (its free list stays empty: a new region
+                    // each time) and releases nothing.
+                    server.give_back(s.session.unwrap(), s.rx, true);
+                    assert!(client.client_ready(o.nonce, server.stack_id));
+                    drop(client.take(o.nonce));
+                }
+                Err(_) => {
+                    dropped_at = Some(round);
+                    drop(client.take(o.nonce));
+                    break;
+                }
+            }
+        }
+        let at = dropped_at.expect("the session is dropped");
+        assert!(
+            (30..40).contains(&at),
+            "dropped at round {at}: live + 1 + 2 x 16 regions"
+        );
+        assert_eq!(server.session_count(), 0);
+        client.shutdown();
+        server.shutdown();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
