@@ -248,6 +248,10 @@ fn many_sequential_and_concurrent_connections_leave_nothing() {
     );
     assert_eq!(cli.stats().alert_tokens, tok0);
     assert_eq!(srv.stats().alert_tokens, 0);
+    // The released connections' send buffers wait for the next ones (at most
+    // rmb_cache, 16), none in use.
+    let pooled: usize = cli.buffer_sizes().sndbufs.values().sum();
+    assert!((1..=16).contains(&pooled), "{pooled} send buffers kept");
     assert_eq!(cli.stats().same_host_total, n as u64 + 2);
 
     // All open at once.
