@@ -22,10 +22,14 @@
 //!   ICRC check on receive, sockets and netdev facts.
 //! * `cq`, `mr`, `thread`: completion queues, memory regions and keys, which
 //!   thread may run completion handlers.
+//! * `resident`: the receive and transmit batches and every registered
+//!   region are faulted in up front (as `ibv_reg_mr` pins pages), so that
+//!   receiving never waits for a page fault.
 //! * `fault`: a seeded loss/reorder/duplicate injector on the send path.
 //!
 //! Modules only use the ones listed after them (`verbs` → `engine` → `qp`
-//! → `tx`/`rx` → `device` → `cq`/`mr`/`thread`): no import cycles.
+//! → `tx`/`rx` → `device` → `cq`/`mr`/`thread` → `resident`): no import
+//! cycles.
 //!
 //! Configuration comes from [`Config`] (or the environment for
 //! [`SoftRoce::global`], see [`config`]): `SMC_RS_SOFTROCE_FAULTS`,
@@ -65,6 +69,7 @@ pub mod icrc;
 mod mr;
 mod net;
 mod qp;
+mod resident;
 mod rx;
 mod share;
 mod thread;

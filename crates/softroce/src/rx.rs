@@ -59,14 +59,28 @@ pub(crate) struct RxBatch {
 impl RxBatch {
     /// Buffers for [`BATCH`] datagrams of up to `slot` bytes (64 KiB with
     /// UDP GRO, else [`SLOT`]).
+    /// Every page of them is resident (`crate::resident`): the kernel's
+    /// copy into a page touched for the first time could wait for the
+    /// process's mmap lock, and the device's receiving with it.
     pub(crate) fn new(slot: usize) -> RxBatch {
         debug_assert!(slot >= SLOT);
-        RxBatch {
-            bufs: vec![0u8; slot * BATCH],
-            slot,
+        let mut addrs: Box<[libc::sockaddr_storage; BATCH]> =
             // SAFETY: sockaddr_storage is plain old data.
-            addrs: Box::new(unsafe { std::mem::zeroed() }),
-            ctrl: Box::new([[0u64; 4]; BATCH]),
+            Box::new(unsafe { std::mem::zeroed() });
+        let mut ctrl = Box::new([[0u64; 4]; BATCH]);
+        // Small, but written by the kernel too: a store into each entry
+        // (at most 128 bytes apart) reaches every page.
+        for a in addrs.iter_mut() {
+            a.ss_family = std::hint::black_box(0);
+        }
+        for c in ctrl.iter_mut() {
+            c[0] = std::hint::black_box(0);
+        }
+        RxBatch {
+            bufs: crate::resident::zeroed(slot * BATCH),
+            slot,
+            addrs,
+            ctrl,
         }
     }
 }

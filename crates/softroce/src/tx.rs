@@ -54,9 +54,16 @@ pub(crate) struct TxBatch {
 pub(crate) type TxPath<'a> = (&'a SockAddr, &'a IpInfo, u16, u16, RawFd);
 
 impl TxBatch {
+    /// The packet buffers are resident (`crate::resident`): packets are
+    /// built in them under a QP's lock, which a page fault waiting for the
+    /// process's mmap lock would hold as long.
     fn new() -> TxBatch {
+        let mut bufs = vec![[0u8; SLOT]; BATCH].into_boxed_slice();
+        for b in bufs.iter_mut() {
+            crate::resident::touch(b);
+        }
         TxBatch {
-            bufs: vec![[0u8; SLOT]; BATCH].into_boxed_slice(),
+            bufs,
             lens: [0; BATCH],
             dsts: (0..BATCH).map(|_| None).collect(),
             fds: [-1; BATCH],

@@ -182,6 +182,10 @@ impl PdOps for SoftPd {
                 "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
             ));
         }
+        // Pinned, as ibv_reg_mr pins a region's pages (rxe: ib_umem_get):
+        // the receive path then places data without a page fault
+        // (`crate::resident`).
+        crate::resident::populate(&buf, offset, len);
         let dev = self.dev.dev();
         let entry =
             dev.mrs
