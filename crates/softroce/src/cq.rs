@@ -1,8 +1,10 @@
 //! Completion queues: a bounded FIFO of work completions plus ibverbs-style
 //! notification (arm once, fire on the next completion: eventfd + handler).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use smc_verbs::{CompletionHandler, EventFd, WcStatus, WorkCompletion};
@@ -28,8 +30,37 @@ pub(crate) struct CqShared {
     inner: Mutex<CqInner>,
     efd: EventFd,
     handler: Mutex<Option<CompletionHandler>>,
+    /// Threads inside [`CqShared::run_handler`].
+    running: AtomicU32,
+    /// The handler must run once more: asked by a thread that would not
+    /// wait for the threads running it ([`CqShared::run_unless_running`]).
+    rerun: AtomicBool,
     cap: usize,
     dev: Weak<dyn HandlerRunner>,
+}
+
+thread_local! {
+    /// The engine is receiving in place of a thread that holds the
+    /// device's receive path and does not get on ([`taking_over`]).
+    static TAKING_OVER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `receive`, the engine's pass over the socket in place of a
+/// receiving thread that is stuck, with the completion handlers it fires
+/// run only where no other thread is running them
+/// ([`CqShared::run_unless_running`]): the stuck thread is most likely
+/// inside one of them, and the engine must go on receiving and
+/// acknowledging for the device instead of waiting with it.
+pub(crate) fn taking_over<R>(receive: impl FnOnce() -> R) -> R {
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            TAKING_OVER.with(|t| t.set(false));
+        }
+    }
+    TAKING_OVER.with(|t| t.set(true));
+    let _done = Done;
+    receive()
 }
 
 impl CqShared {
@@ -42,6 +73,8 @@ impl CqShared {
             }),
             efd: EventFd::new()?,
             handler: Mutex::new(None),
+            running: AtomicU32::new(0),
+            rerun: AtomicBool::new(false),
             cap,
             dev,
         }))
@@ -79,7 +112,9 @@ impl CqShared {
     /// (only ever on the engine thread).
     fn fire_with(self: &Arc<Self>, direct: bool) {
         self.efd.wake();
-        if direct {
+        if direct && TAKING_OVER.with(|t| t.get()) {
+            self.run_unless_running();
+        } else if direct {
             self.run_handler();
         } else if self.has_handler() {
             // Only wake the engine when there is a handler to run (a thread
@@ -105,14 +140,46 @@ impl CqShared {
             .is_some()
     }
 
+    /// Runs the handler on this thread (several threads may; a handler
+    /// such as SMC-R's serialises itself), and once more for every request
+    /// [`CqShared::run_unless_running`] left meanwhile.
     pub(crate) fn run_handler(&self) {
-        let h = self
-            .handler
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(h) = h {
-            h();
+        // Not running any more even if the handler panics.
+        struct Leave<'a>(&'a AtomicU32);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        loop {
+            self.running.fetch_add(1, Ordering::SeqCst);
+            {
+                let _leave = Leave(&self.running);
+                let h = self
+                    .handler
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                if let Some(h) = h {
+                    h();
+                }
+            }
+            if !self.rerun.swap(false, Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+
+    /// Runs the handler unless another thread is running it: then that
+    /// thread runs it once more when it is done, and this one goes on.
+    /// For the engine, which must never wait for a handler a stuck thread
+    /// is in (the handler would see the new completions only on that
+    /// thread's next run, so the run is asked for, never dropped: whoever
+    /// leaves the handler last after the request runs it).
+    pub(crate) fn run_unless_running(&self) {
+        self.rerun.store(true, Ordering::SeqCst);
+        if self.running.load(Ordering::SeqCst) == 0 && self.rerun.swap(false, Ordering::SeqCst) {
+            self.run_handler();
         }
     }
 
@@ -179,5 +246,111 @@ impl CqShared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .overflow
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Liveness bound for the waits below (never reached when they pass).
+    const T: Duration = Duration::from_secs(20);
+
+    struct NoEngine;
+    impl HandlerRunner for NoEngine {
+        fn defer_fire(&self, _cq: Arc<CqShared>) {
+            unreachable!("only direct runs here");
+        }
+    }
+
+    fn cq() -> Arc<CqShared> {
+        let dev: Weak<dyn HandlerRunner> = Weak::<NoEngine>::new();
+        CqShared::new(16, dev).unwrap()
+    }
+
+    /// The engine taking over for a stuck thread fires a CQ whose handler
+    /// that thread is blocked in: it goes on at once, and the blocked
+    /// thread runs the handler once more when it is free, so the completion
+    /// is seen and nothing ran twice at once.
+    #[test]
+    fn taking_over_never_waits_for_a_handler_another_thread_is_in() {
+        let cq = cq();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (entered_tx, entered) = mpsc::channel::<std::thread::ThreadId>();
+        let (release, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let r = runs.clone();
+        cq.set_handler(Some(Arc::new(move || {
+            entered_tx.send(std::thread::current().id()).unwrap();
+            if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                // The first run blocks until the test lets it go.
+                released.lock().unwrap().recv_timeout(T).unwrap();
+            }
+        })));
+        let stuck = {
+            let cq = cq.clone();
+            std::thread::spawn(move || cq.run_handler())
+        };
+        let stuck_id = entered.recv_timeout(T).expect("first run");
+        let (done_tx, done) = mpsc::channel();
+        let engine = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                cq.push(WorkCompletion::default()).unwrap();
+                taking_over(|| cq.fire_with(true));
+                done_tx.send(()).unwrap();
+            })
+        };
+        done.recv_timeout(T)
+            .expect("the engine waited for the blocked handler");
+        engine.join().unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "ran beside the blocked run");
+        release.send(()).unwrap();
+        let again = entered.recv_timeout(T).expect("the asked-for run");
+        stuck.join().unwrap();
+        assert_eq!(again, stuck_id, "run by the thread that was in it");
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+        // Nobody in it: the engine runs it itself.
+        taking_over(|| cq.fire_with(true));
+        assert_eq!(
+            entered.recv_timeout(T).unwrap(),
+            std::thread::current().id()
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        assert_eq!(cq.running.load(Ordering::SeqCst), 0);
+    }
+
+    /// Outside a takeover a receiving thread runs the handler itself even
+    /// while another thread is in it (SMC-R's handler serialises itself
+    /// and sees this thread's completion before the thread acknowledges).
+    #[test]
+    fn a_receiving_thread_runs_the_handler_itself() {
+        let cq = cq();
+        let (entered_tx, entered) = mpsc::channel::<std::thread::ThreadId>();
+        let (release, released) = mpsc::channel::<()>();
+        let released = Mutex::new(released);
+        let first = AtomicBool::new(true);
+        cq.set_handler(Some(Arc::new(move || {
+            entered_tx.send(std::thread::current().id()).unwrap();
+            if first.swap(false, Ordering::SeqCst) {
+                released.lock().unwrap().recv_timeout(T).unwrap();
+            }
+        })));
+        let other = {
+            let cq = cq.clone();
+            std::thread::spawn(move || cq.run_handler())
+        };
+        entered.recv_timeout(T).unwrap();
+        cq.fire_with(true);
+        assert_eq!(
+            entered.recv_timeout(T).unwrap(),
+            std::thread::current().id()
+        );
+        release.send(()).unwrap();
+        other.join().unwrap();
+        assert!(entered.try_recv().is_err(), "no extra run was asked for");
     }
 }

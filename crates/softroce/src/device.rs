@@ -43,6 +43,10 @@ pub struct Stats {
     /// Packets received by application threads waiting in `Cq::wait`
     /// (the rest the engine thread received).
     pub rx_by_waiters: AtomicU64,
+    /// Times the engine received with buffers of its own because the thread
+    /// holding the receive path had not got on for a lease while packets
+    /// waited (stuck in a completion handler or a page fault).
+    pub rx_engine_takeovers: AtomicU64,
     /// QPs that could not get a socket (and UDP source port) of their own
     /// and send from the device's socket instead.
     pub qp_socket_errors: AtomicU64,

@@ -36,6 +36,13 @@ const IDLE_WAIT: Duration = Duration::from_millis(20);
 /// socket over at once ([`DriverGuard::hand_off`]), so nobody waiting for
 /// a completion ever depends on this period.
 const DRIVER_LINGER: Duration = Duration::from_millis(1);
+/// While threads are registered to receive for the device, the engine
+/// looks this often whether any of them gets on; when packets have waited
+/// on the socket for a lease while the receive path made no progress (the
+/// thread holding it is stuck: in a completion handler that waits for an
+/// application lock or for the process's mmap lock, in a page fault), the
+/// engine receives them itself ([`Engine::take_over`]).
+const DRIVER_LEASE: Duration = Duration::from_millis(5);
 
 static DEV_INDEX: AtomicU32 = AtomicU32::new(0);
 
@@ -58,6 +65,12 @@ pub(crate) struct Engine {
     drivers: AtomicU32,
     /// When the last such thread left (ns since epoch).
     driver_left_ns: AtomicU64,
+    /// Batches received through `rx` so far: the engine's evidence that the
+    /// receive path gets on while it leaves the socket to drivers.
+    progress: AtomicU64,
+    /// The engine's own receive buffers for [`Engine::take_over`], made
+    /// with the device (so that taking over allocates nothing).
+    takeover_rx: Mutex<RxState>,
 }
 
 impl Engine {
@@ -76,10 +89,34 @@ impl Engine {
     /// Receives and processes everything queued on the socket (non-blocking).
     pub(crate) fn drain_rx(&self) {
         let mut g = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-        let RxState { batch: rx, touched } = &mut *g;
+        self.receive(&mut g, true);
+    }
+
+    /// The engine receives with buffers of its own although another thread
+    /// holds the receive path: that thread made no progress for a lease
+    /// while packets waited (see [`DRIVER_LEASE`]). A device must go on
+    /// receiving and acknowledging while an application's thread is stuck,
+    /// as an RNIC does: else every QP of the device stops, and after
+    /// `retry_cnt` + 1 local ACK timeouts the peer's QPs fail with
+    /// RetryExcErr although nothing was lost (CHECKLIST RTY-1). What the
+    /// stuck thread had received already it processes when it gets on: by
+    /// then a requester has sent it again (its PSN gap was NAKed), so it is
+    /// a duplicate, or it is next in sequence and taken as usual.
+    fn take_over(&self) {
+        let mut g = self.takeover_rx.lock().unwrap_or_else(|e| e.into_inner());
+        crate::cq::taking_over(|| self.receive(&mut g, false));
+    }
+
+    /// Receives and processes everything queued on the socket into `st`'s
+    /// buffers; `progress`: count the batches (the shared receive path).
+    fn receive(&self, st: &mut RxState, progress: bool) {
+        let RxState { batch: rx, touched } = st;
         let waiter = !on_engine_thread();
         loop {
             let n = recv_batch(&self.dev, rx);
+            if progress {
+                self.progress.fetch_add(1, Ordering::Relaxed);
+            }
             if waiter && n.len > 0 {
                 self.dev
                     .stats
@@ -148,7 +185,9 @@ impl Engine {
             &mut self.dev.deferred.lock().unwrap_or_else(|e| e.into_inner()),
         );
         for cq in fire.drain(..) {
-            cq.run_handler();
+            // Never waiting for a handler that another thread runs (it may
+            // be stuck there, and the engine must go on).
+            cq.run_unless_running();
         }
         (next_ns, busy)
     }
@@ -281,6 +320,11 @@ impl Engine {
             }),
             drivers: AtomicU32::new(0),
             driver_left_ns: AtomicU64::new(0),
+            progress: AtomicU64::new(0),
+            takeover_rx: Mutex::new(RxState {
+                batch: RxBatch::new(rx_slot),
+                touched: Vec::with_capacity(BATCH),
+            }),
         });
         if thread {
             let e = eng.clone();
@@ -359,6 +403,11 @@ fn engine_main(eng: Arc<Engine>) {
     // first time a timer or a deferred handler needs them.
     let mut service: Vec<Arc<QpShared>> = Vec::with_capacity(64);
     let mut fire: Vec<Arc<CqShared>> = Vec::with_capacity(64);
+    let lease = DRIVER_LEASE.as_nanos() as u64;
+    // The receive path's progress as last seen, and since when packets have
+    // waited on the socket without it getting on.
+    let mut seen = eng.progress.load(Ordering::Relaxed);
+    let mut waiting_since: Option<u64> = None;
     while !eng.shutdown.load(Ordering::Acquire) {
         let (next_ns, busy) = eng.run_timers(&mut service, &mut fire);
         // Sleep until a packet, a wake-up or the next deadline.
@@ -384,6 +433,11 @@ fn engine_main(eng: Arc<Engine>) {
         if recent && !busy {
             // A driver may leave at any moment; look at the socket soon.
             timeout_ns = timeout_ns.min(linger);
+            dev.engine_wake_ns
+                .store(now_ns + timeout_ns, Ordering::SeqCst);
+        } else if delegated && !busy && timeout_ns > lease {
+            // Check on the drivers once per lease (below).
+            timeout_ns = lease;
             dev.engine_wake_ns
                 .store(now_ns + timeout_ns, Ordering::SeqCst);
         }
@@ -421,12 +475,43 @@ fn engine_main(eng: Arc<Engine>) {
         // completion from under it (it would then have to be woken for it,
         // a second wake-up for one message).
         if eng.drivers.load(Ordering::SeqCst) > 0 {
+            // Unless the receive path has not got on for a whole lease while
+            // packets wait: its holder is stuck, the engine receives.
+            let p = eng.progress.load(Ordering::Relaxed);
+            if p != seen {
+                (seen, waiting_since) = (p, None);
+            } else if socket_readable(dev) {
+                let now_ns = dev.ns_since_epoch(Instant::now());
+                match waiting_since {
+                    None => waiting_since = Some(now_ns),
+                    Some(t) if now_ns.saturating_sub(t) >= lease => {
+                        dev.stats
+                            .rx_engine_takeovers
+                            .fetch_add(1, Ordering::Relaxed);
+                        eng.take_over();
+                        waiting_since = None;
+                    }
+                    Some(_) => {}
+                }
+            } else {
+                waiting_since = None;
+            }
             continue;
         }
         eng.drain_rx();
     }
     eng.running.store(false, Ordering::Release);
     tracing::debug!(name = %dev.attr.name, "engine stopped");
+}
+
+/// Whether a packet waits on the device's socket (without blocking).
+fn socket_readable(dev: &DevShared) -> bool {
+    let mut pfd = [PollFd::new(&dev.sock, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut pfd, Some(&zero)), Ok(n) if n > 0)
 }
 
 /// One received packet: parse, ICRC, QP lookup, source check, then the

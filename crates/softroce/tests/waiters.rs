@@ -185,3 +185,136 @@ fn drive_returns_when_its_waker_is_woken() {
         .0
         .drive(&|| false, Some(&waker), Duration::from_millis(20)));
 }
+
+/// Options for the two tests below: A's local ACK timeout 67 ms, so that a
+/// B that stops acknowledging fails A's SENDs with RetryExcErr after its
+/// 7 retries (about half a second, CHECKLIST RTY-1).
+fn opts_with_short_retries() -> Opts {
+    let mut o = Opts::default();
+    o.rts.timeout = 14;
+    o.rts.retry_cnt = 7;
+    o
+}
+
+/// A's signaled SENDs 1..=n must all complete successfully: B received
+/// and acknowledged them.
+fn sends_complete(a: &Side, b: &Side, n: u64) {
+    for i in 1..=n {
+        send(a, i, SendFlags::SIGNALED);
+        let wc = wait_wc(&a.scq, T);
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (i, WcStatus::Success),
+            "B stopped acknowledging"
+        );
+        let wc = poll_only(&b.rcq, T);
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+    }
+}
+
+/// A thread registered to receive for B's device (inside
+/// `DeviceOps::drive`) that stops receiving without leaving (here its
+/// `done` check blocks) must not stop the device: the engine receives the
+/// packets that wait for it in vain, and B goes on acknowledging A.
+#[test]
+fn a_registered_driver_that_stops_receiving_does_not_stop_the_device() {
+    let o = opts_with_short_retries();
+    let (a, b) = pair(44, &Config::default(), &o);
+    for i in 1..=20 {
+        recv(&b, i);
+    }
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let driver = {
+        let (dev, gate) = (b.dev.clone(), gate.clone());
+        std::thread::spawn(move || {
+            dev.0.drive(
+                &|| {
+                    let _ = entered_tx.send(());
+                    let (m, c) = &*gate;
+                    let g = m.lock().unwrap();
+                    let g = c.wait_timeout_while(g, T, |open| !*open).unwrap().0;
+                    *g
+                },
+                None,
+                T,
+            )
+        })
+    };
+    entered.recv_timeout(T).unwrap();
+    sends_complete(&a, &b, 20);
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    assert!(driver.join().unwrap());
+    let stats = smc_softroce::stats(&b.dev).unwrap();
+    assert!(stats.rx_engine_takeovers.load(Ordering::Relaxed) > 0);
+}
+
+/// The flake of `hundred_connections_fail_over_at_once` (crates/smc/tests/
+/// multilink.rs), made deterministic: a completion handler that blocks
+/// (there, an SMC-R handler waiting for the process's mmap lock in an
+/// allocation while the test started a hundred threads) on the thread that
+/// received its completion, which holds the device's receive path while it
+/// runs it. Before, the engine left the socket to that registered thread:
+/// nothing reached B's QP, no ACK left, and A's QP failed with RetryExcErr
+/// after its retries. Now the engine receives with buffers of its own once
+/// packets wait in vain for a lease, and never waits for the handler the
+/// stuck thread is in (that thread runs it once more when it is free):
+/// every SEND is acknowledged while the handler is still blocked.
+#[test]
+fn a_handler_blocked_on_the_receiving_thread_does_not_stop_the_device() {
+    let o = opts_with_short_retries();
+    let (a, b) = pair(45, &Config::default(), &o);
+    for i in 0..=20 {
+        recv(&b, i);
+    }
+    let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    {
+        let (gate, runs, rcq) = (gate.clone(), runs.clone(), b.rcq.clone());
+        let entered_tx = std::sync::Mutex::new(entered_tx);
+        // Every run re-arms the CQ, as consumers do (with a completion
+        // waiting, that asks the engine for another run at once), and
+        // blocks until the test opens the gate.
+        b.rcq.set_handler(Some(Arc::new(move || {
+            rcq.req_notify(false);
+            runs.fetch_add(1, Ordering::SeqCst);
+            let _ = entered_tx.lock().unwrap().send(std::thread::current().id());
+            let (m, c) = &*gate;
+            let g = m.lock().unwrap();
+            drop(c.wait_timeout_while(g, T, |open| !*open).unwrap());
+        })));
+    }
+    b.rcq.req_notify(false);
+    // A thread of B's application receives for the device while it waits
+    // (as SMC-R's blocking reads and writes do), so it runs the handler.
+    let driver = {
+        let (dev, gate) = (b.dev.clone(), gate.clone());
+        std::thread::spawn(move || {
+            let id = std::thread::current().id();
+            let open = || *gate.0.lock().unwrap();
+            let r = dev.0.drive(&open, None, T);
+            (id, r)
+        })
+    };
+    // Let it get to its wait, then SEND 0: the driver receives it and
+    // runs the handler, which blocks.
+    std::thread::sleep(Duration::from_millis(50));
+    send(&a, 0, SendFlags::SIGNALED);
+    let runner = entered.recv_timeout(T).expect("handler run");
+    let wc = wait_wc(&a.scq, T);
+    assert_eq!((wc.wr_id, wc.status), (0, WcStatus::Success));
+    let wc = poll_only(&b.rcq, T);
+    assert_eq!((wc.wr_id, wc.status), (0, WcStatus::Success));
+    sends_complete(&a, &b, 20);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a second run while blocked");
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    let (driver_id, r) = driver.join().unwrap();
+    assert!(r);
+    assert_eq!(runner, driver_id, "the receiving thread ran the handler");
+    // The completions that came meanwhile got their run, by the thread
+    // that was running the handler.
+    assert_eq!(entered.recv_timeout(T).unwrap(), driver_id);
+}
