@@ -471,3 +471,72 @@ fn both_sides_fail_over_twice_in_a_row() {
         );
     }
 }
+
+/// RFC 7609 §4.6.1: the peer's failover validation carries the last sequence number its
+/// RNIC saw acknowledged (SS), and our RNIC acknowledges a CDC once it is in the receive
+/// queue, before a completion handler has processed it. A validation arriving on the new
+/// link while that CDC still waits in the old link's completion queue must find it
+/// counted (SR), not report data loss and reset the connection. Here the server's
+/// completions of the connection's link are held back (`Stack::hold_link_completions`)
+/// while the client's CDC is acknowledged, then the client's link fails: only the
+/// validation's drain of the old queue can deliver the bytes. Seen before as
+/// "failover validation: data lost" in `hundred_connections_fail_over_at_once`.
+#[test]
+fn failover_validation_counts_cdcs_still_in_the_old_links_queue() {
+    use std::io::{Read, Write};
+    const N: usize = 5000;
+    let (srv, cli) = two_device_pair_quick_retry();
+    let l = listen(&srv);
+    let first = l.local_addr().unwrap();
+    echo_server(l);
+    assert!(echo_once(&cli, first, 5, 1 << 16).is_smc());
+    assert!(
+        wait_until(Duration::from_secs(10), || active_links(&srv).len() == 2
+            && active_links(&cli).len() == 2),
+        "two links: {:?}",
+        cli.link_groups()
+    );
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut got = vec![0u8; N];
+        let r = (&s).read_exact(&mut got).map(|_| got);
+        (r, s)
+    });
+    let c = smc::SmcStream::connect_with(&cli, addr).unwrap();
+    assert!(c.mode().is_smc(), "{}", c.mode());
+    let local = c.local_addr().unwrap();
+    let info = || {
+        cli.connections()
+            .into_iter()
+            .find(|i| i.local == local)
+            .expect("the client's connection")
+    };
+    let num = info().link.expect("on a link");
+    let (cli_lgr, srv_lgr) = (cli.link_groups()[0].id, srv.link_groups()[0].id);
+    assert!(srv.hold_link_completions(srv_lgr, num, true));
+    let data = pattern(77, N);
+    (&c).write_all(&data).unwrap();
+    // The server's RNIC acknowledged the bytes and their CDC: the client counts them
+    // delivered (its SS).
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let i = info();
+            i.bytes_sent == N as u64 && i.bytes_unacked == 0
+        }),
+        "never acknowledged: {:?}",
+        info()
+    );
+    assert!(cli.inject_link_failure(cli_lgr, num));
+    let (got, s) = server.join().unwrap();
+    let got = got.expect("the server's read (data lost in the failover?)");
+    assert!(got == data, "bytes intact");
+    srv.hold_link_completions(srv_lgr, num, false);
+    // Still a working connection, now on the other link.
+    (&s).write_all(b"back").unwrap();
+    let mut back = [0u8; 4];
+    (&c).read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"back");
+    assert_ne!(info().link, Some(num), "moved: {:?}", info());
+}

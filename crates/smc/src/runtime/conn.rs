@@ -51,6 +51,10 @@ pub(crate) struct ConnState {
     pub path: Path,
     /// Times the connection moved to another link.
     pub failovers: u32,
+    /// The link it moved away from last (RFC 7609 §4.6): its completion queue may still
+    /// hold CDCs of ours when the peer's failover validation arrives
+    /// ([`ConnShared::links_to_drain_before_validation`]).
+    pub left_link: Option<Weak<LinkRes>>,
     /// A failover's validation CDC not posted yet (it waits for a send slot like any
     /// transmit, and goes before them).
     pub validation: Option<CdcRepr>,
@@ -93,6 +97,7 @@ impl ConnState {
             conn,
             path,
             failovers: 0,
+            left_link: None,
             validation: None,
             tcp,
             tcp_fin_sent: false,
@@ -511,6 +516,27 @@ impl ConnShared {
         }
     }
 
+    /// The links other than `arriving` whose completion queues may still hold CDCs the
+    /// peer sent this connection before its failover (RFC 7609 §4.6.1): the link it is
+    /// on (the peer moved first) and the one it left last (we moved first). Taken
+    /// without the connection's lock held while they are drained (their handlers take
+    /// it).
+    pub(crate) fn links_to_drain_before_validation(
+        &self,
+        arriving: &LinkRes,
+    ) -> [Option<Arc<LinkRes>>; 2] {
+        let st = self.lock();
+        let other = |l: Arc<LinkRes>| (!std::ptr::eq(&*l, arriving)).then_some(l);
+        let cur = st.rdma().and_then(|p| other(p.link.clone()));
+        let left = st
+            .left_link
+            .as_ref()
+            .and_then(Weak::upgrade)
+            .and_then(other)
+            .filter(|l| cur.as_ref().is_none_or(|c| !Arc::ptr_eq(c, l)));
+        [cur, left]
+    }
+
     /// A received CDC (completion thread).
     pub(crate) fn on_cdc(&self, msg: &CdcRepr, now: Instant) {
         let mut st = self.lock();
@@ -570,6 +596,7 @@ impl ConnShared {
         };
         let old = std::mem::replace(cur, path);
         old.link.fail();
+        st.left_link = Some(Arc::downgrade(&old.link));
         st.waiting_slots = false;
         st.failovers += 1;
         st.validation = st.conn.prepare_failover();

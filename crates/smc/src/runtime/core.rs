@@ -25,6 +25,7 @@ use tracing::{debug, info, trace, warn};
 
 use super::conn::{ConnParts, ConnShared, ConnState, Kind, Path, RdmaPath};
 use super::host::{HostCtx, HostState, SAME_HOST_LGR};
+use super::link::LinkRes;
 use super::routes::{client_route, eligibility, server_route};
 use super::{
     sys, BufferSizes, ConnInfo, ConnectSlot, Established, Inbox, Inner, LinkGroupId, LinkGroupInfo,
@@ -837,23 +838,27 @@ impl Core {
 
     /// See `Stack::inject_link_failure`.
     pub(crate) fn inject_link_failure(&mut self, lgr: LinkGroupId, num: u8) -> bool {
-        let id = clc::LgrId(lgr.0);
-        let link = self
-            .ep
-            .link_groups()
-            .into_iter()
-            .filter(|g| g.id == id)
-            .flat_map(|g| g.links)
-            .find(|l| l.num == num)
-            .and_then(|l| self.host.links.get(&(id, l.id)).cloned());
-        match link {
+        match self.link_by_num(lgr, num) {
             Some(l) => {
-                warn!(lgr = id.0, num, "injected link failure: QP to ERR");
+                warn!(lgr = lgr.0, num, "injected link failure: QP to ERR");
                 l.fail();
                 true
             }
             None => false,
         }
+    }
+
+    /// Link `num` of link group `lgr`, if it exists (`Stack::inject_link_failure`,
+    /// `Stack::hold_link_completions`).
+    pub(crate) fn link_by_num(&self, lgr: LinkGroupId, num: u8) -> Option<Arc<LinkRes>> {
+        let id = clc::LgrId(lgr.0);
+        self.ep
+            .link_groups()
+            .into_iter()
+            .filter(|g| g.id == id)
+            .flat_map(|g| g.links)
+            .find(|l| l.num == num)
+            .and_then(|l| self.host.links.get(&(id, l.id)).cloned())
     }
 
     /// After an interface or address change: a device whose address is gone or whose
@@ -1032,6 +1037,7 @@ impl Core {
                     state: st.conn.state().to_string(),
                     lgr: c.lgr().map(|l| LinkGroupId(l.0)),
                     bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+                    bytes_unacked: st.conn.tx_outstanding(),
                     bytes_received: c.bytes_received.load(Ordering::Relaxed),
                 }
             })
@@ -1044,6 +1050,7 @@ impl Core {
                 state: "CLC".into(),
                 lgr: None,
                 bytes_sent: 0,
+                bytes_unacked: 0,
                 bytes_received: 0,
                 failovers: 0,
                 link: None,

@@ -138,7 +138,22 @@ pub(crate) struct LinkRes {
     /// Large LLC messages (SMC-Rv2) sent from registered memory until their completion.
     big_sends: Mutex<Vec<(u64, Mr)>>,
     handler_lock: Mutex<()>,
+    /// The thread inside [`LinkRes::on_cq_event`] ([`this_thread`]; 0: none), so that a
+    /// drain asked for further down its own stack does not wait for itself.
+    handler_thread: AtomicUsize,
+    /// Fault injection (`Stack::hold_link_completions`): completions stay in the CQ
+    /// for everything but [`LinkRes::drain_completions`].
+    held: AtomicBool,
     stack: Weak<Inner>,
+}
+
+/// A number unique to the calling thread while it lives (the address of one of its
+/// thread-locals), never 0.
+fn this_thread() -> usize {
+    thread_local! {
+        static ME: u8 = const { 0 };
+    }
+    ME.with(|m| m as *const u8 as usize)
 }
 
 impl std::fmt::Debug for LinkRes {
@@ -207,6 +222,8 @@ impl LinkRes {
             lingering: AtomicBool::new(false),
             big_sends: Mutex::new(Vec::new()),
             handler_lock: Mutex::new(()),
+            handler_thread: AtomicUsize::new(0),
+            held: AtomicBool::new(false),
             stack: Arc::downgrade(stack),
         });
         for slot in 0..RECV_WR {
@@ -215,7 +232,7 @@ impl LinkRes {
         let weak = Arc::downgrade(&link);
         link.cq.set_handler(Some(Arc::new(move || {
             if let Some(l) = weak.upgrade() {
-                l.on_cq_event();
+                l.on_cq_event(false);
             }
         })));
         link.cq.req_notify(false);
@@ -280,7 +297,7 @@ impl LinkRes {
         if let Err(e) = self.qp.modify_to_err() {
             debug!(error = %e, "QP to ERR failed");
         }
-        self.on_cq_event();
+        self.on_cq_event(false);
         self.cq.set_handler(None);
         self.wake_waiters();
     }
@@ -488,12 +505,50 @@ impl LinkRes {
         }
     }
 
+    /// Processes every completion this link's CQ holds now, on the calling thread (after
+    /// the handler's run in progress, if there is one): before a failover validation CDC
+    /// that arrived on another link is checked (`Inner::on_cdc`, RFC 7609 §4.6.1). Our
+    /// RNIC acknowledges a CDC once it is in the receive queue, which may be before a
+    /// handler processed its completion (the engine receives in place of a stuck thread,
+    /// or a completion lands while the CQ is disarmed during another thread's run; any
+    /// hardware RNIC acknowledges long before the CQ is polled), so the peer may count it
+    /// delivered (SS) while our SR does not have it yet. Nothing if the calling thread is
+    /// already inside this link's handler further up its stack.
+    pub(crate) fn drain_completions(self: &Arc<Self>) {
+        if self.handler_thread.load(Ordering::SeqCst) == this_thread() {
+            return;
+        }
+        self.on_cq_event(true);
+    }
+
+    /// Fault injection (tests): while `hold`, the completions of this link stay in its
+    /// CQ, as if the thread that would run its handler had not got to them yet; only a
+    /// failover validation's [`LinkRes::drain_completions`] takes them. Letting go
+    /// processes what waits.
+    pub(crate) fn hold_completions(self: &Arc<Self>, hold: bool) {
+        self.held.store(hold, Ordering::SeqCst);
+        if !hold {
+            self.on_cq_event(false);
+        }
+    }
+
     /// The CQ fired (provider thread): poll everything, re-arm, poll again (ibverbs
     /// pattern, so completions racing with the re-arm are not lost).
-    fn on_cq_event(self: &Arc<Self>) {
+    fn on_cq_event(self: &Arc<Self>, ignore_hold: bool) {
+        if !ignore_hold && self.held.load(Ordering::SeqCst) {
+            return;
+        }
         let Ok(_g) = self.handler_lock.lock() else {
             return;
         };
+        struct Owner<'a>(&'a AtomicUsize);
+        impl Drop for Owner<'_> {
+            fn drop(&mut self) {
+                self.0.store(0, Ordering::SeqCst);
+            }
+        }
+        self.handler_thread.store(this_thread(), Ordering::SeqCst);
+        let _owner = Owner(&self.handler_thread);
         let Some(stack) = self.stack.upgrade() else {
             return;
         };

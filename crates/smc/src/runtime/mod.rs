@@ -407,6 +407,9 @@ pub struct ConnInfo {
     pub lgr: Option<LinkGroupId>,
     /// Payload bytes written to the peer.
     pub bytes_sent: u64,
+    /// Bytes the application wrote that the peer's RNIC has not acknowledged yet
+    /// (with the CDC that announced them): a failover replays them (RFC 7609 §4.6.2).
+    pub bytes_unacked: u64,
     /// Payload bytes received.
     pub bytes_received: u64,
     /// Times the connection moved to another link (RFC 7609 §4.6).
@@ -669,6 +672,18 @@ impl Inner {
             },
         };
         if let Some(c) = conn {
+            if msg.is_failover_validation() {
+                // RFC 7609 §4.6.1: SR must count every CDC we received before the peer's
+                // failover, some of which may still wait in another link's completion
+                // queue (`LinkRes::drain_completions`): processed first.
+                for l in c
+                    .links_to_drain_before_validation(link)
+                    .into_iter()
+                    .flatten()
+                {
+                    l.drain_completions();
+                }
+            }
             c.on_cdc(&msg, now);
         }
     }
@@ -855,6 +870,23 @@ impl Stack {
     /// group (RFC 7609 §4.6) or end when none is left. Returns whether the link exists.
     pub fn inject_link_failure(&self, lgr: LinkGroupId, num: u8) -> bool {
         self.inner.lock_core().inject_link_failure(lgr, num)
+    }
+
+    /// Fault injection (tests): while `hold`, the completions of our QP of link `num` of
+    /// link group `lgr` stay in its completion queue, as if the thread that runs its
+    /// handler had not got to them yet (our RNIC still acknowledges what arrives); only
+    /// the check of a peer's failover validation takes them (RFC 7609 §4.6.1). Letting
+    /// go processes what waits. Returns whether the link exists.
+    #[doc(hidden)]
+    pub fn hold_link_completions(&self, lgr: LinkGroupId, num: u8, hold: bool) -> bool {
+        let link = self.inner.lock_core().link_by_num(lgr, num);
+        match link {
+            Some(l) => {
+                l.hold_completions(hold);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Diagnostics (tests, drills): logs every connection's protocol state at WARN
