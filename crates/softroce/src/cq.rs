@@ -284,8 +284,11 @@ mod tests {
         let released = Mutex::new(released);
         let r = runs.clone();
         cq.set_handler(Some(Arc::new(move || {
+            // Counted before the test hears of it: the test's next step may run the
+            // handler before this thread gets on again.
+            let first = r.fetch_add(1, Ordering::SeqCst) == 0;
             entered_tx.send(std::thread::current().id()).unwrap();
-            if r.fetch_add(1, Ordering::SeqCst) == 0 {
+            if first {
                 // The first run blocks until the test lets it go.
                 released.lock().unwrap().recv_timeout(T).unwrap();
             }
@@ -334,8 +337,10 @@ mod tests {
         let released = Mutex::new(released);
         let first = AtomicBool::new(true);
         cq.set_handler(Some(Arc::new(move || {
+            // Taken before the test hears of it (it fires the next run at once).
+            let blocks = first.swap(false, Ordering::SeqCst);
             entered_tx.send(std::thread::current().id()).unwrap();
-            if first.swap(false, Ordering::SeqCst) {
+            if blocks {
                 released.lock().unwrap().recv_timeout(T).unwrap();
             }
         })));
