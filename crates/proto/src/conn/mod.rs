@@ -15,7 +15,9 @@
 //!
 //! * Application write: [`Conn::tx_space`] gives up to two regions of the sndbuf to copy
 //!   into, [`Conn::tx_commit`] makes them part of the stream (with `urgent = true` for
-//!   `MSG_OOB`: the last committed byte is the urgent byte).
+//!   `MSG_OOB`: the last committed byte is the urgent byte). A path that maps the peer's
+//!   RMB into our memory (same-host) may instead copy straight into it:
+//!   [`Conn::tx_place_space`] / [`Conn::tx_place_commit`] (one copy fewer).
 //! * Transmit: [`Conn::poll_transmit`] returns a [`Transmit`]: up to three RDMA WRITEs
 //!   (sndbuf offset → peer RMBE offset; a wrap of either ring splits a write, CHECKLIST
 //!   WIN-2) followed by the CDC to SEND **on the same QP** (RFC 7609 §4.7.1, WIN-3: RC
@@ -487,6 +489,9 @@ pub struct RmbeWrite {
 pub struct Transmit {
     writes: [RmbeWrite; 3],
     n_writes: u8,
+    /// Bytes the CDC announces that the application placed in the peer's RMBE itself
+    /// ([`Conn::tx_place_space`]): before the writes in the stream, moved by none.
+    pub placed: u32,
     /// The CDC to SEND after the writes.
     pub cdc: CdcRepr,
 }
@@ -498,9 +503,9 @@ impl Transmit {
         &self.writes[..usize::from(self.n_writes)]
     }
 
-    /// Bytes of data this transmit moves.
+    /// Bytes of data this transmit announces: the placed ones and the written ones.
     pub fn data_len(&self) -> u64 {
-        self.writes().iter().map(|w| u64::from(w.len)).sum()
+        u64::from(self.placed) + self.writes().iter().map(|w| u64::from(w.len)).sum::<u64>()
     }
 }
 

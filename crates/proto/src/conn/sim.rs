@@ -226,6 +226,8 @@ pub struct Sim {
     pub faults: Vec<String>,
     /// Number of link failures simulated.
     pub failovers: usize,
+    /// Bytes placed straight into an RMBE ([`Sim::place`]), both ways.
+    pub placed: u64,
 }
 
 impl Sim {
@@ -244,6 +246,7 @@ impl Sim {
             trace: Vec::new(),
             faults: Vec::new(),
             failovers: 0,
+            placed: 0,
         }
     }
 
@@ -297,6 +300,54 @@ impl Sim {
             h.urgent_sent.push(base + done - 1);
         }
         h.collect();
+        done
+    }
+
+    /// The application of `side` puts up to `n` bytes of its stream straight into the
+    /// peer's RMBE ([`Conn::tx_place_space`], the same-host path), checked like a
+    /// delivered write (no unread byte overwritten). Returns the bytes placed: 0 when
+    /// the connection offers no place now (it must write through the sndbuf).
+    pub fn place(&mut self, side: Side, n: u64) -> u64 {
+        let mut faults = Vec::new();
+        let done = Self::place_into(self.hosts(side), n, &mut faults);
+        self.faults.extend(faults);
+        self.placed += done;
+        done
+    }
+
+    fn place_into((s, r): (&mut Host, &mut Host), n: u64, faults: &mut Vec<String>) -> u64 {
+        let Ok(space) = s.conn.tx_place_space() else {
+            return 0;
+        };
+        let base = s.conn.tx_committed();
+        let consumed = r.conn.rx_consumed();
+        let mut done = 0u64;
+        for reg in space.as_slice() {
+            for k in 0..reg.len {
+                if done == n {
+                    break;
+                }
+                let i = base + done;
+                let dst = (reg.off + k) as usize;
+                if reg.off + k < r.geometry.data_off() || dst >= r.rmbe.len() {
+                    faults.push(format!("place {reg:?} outside the data area"));
+                    return done;
+                }
+                if let Some(old) = r.rmbe_tag[dst].filter(|&old| old >= consumed) {
+                    faults.push(format!(
+                        "overrun: placed stream byte {i} over unread byte {old} at offset {dst}"
+                    ));
+                    return done;
+                }
+                r.rmbe[dst] = s.stream_byte(i);
+                r.rmbe_tag[dst] = Some(i);
+                done += 1;
+            }
+        }
+        s.conn
+            .tx_place_commit(done as u32)
+            .expect("commit of offered place");
+        s.collect();
         done
     }
 
@@ -688,6 +739,9 @@ pub struct RandomOpts {
     pub failover: bool,
     /// Abort (SO_LINGER 0) one side at a random moment instead of closing normally.
     pub abort: bool,
+    /// Put half of the writes straight into the peer's RMBE where the connection offers
+    /// it ([`Sim::place`]); not with `failover` (placed bytes cannot be replayed).
+    pub place: bool,
 }
 
 impl Default for RandomOpts {
@@ -699,6 +753,7 @@ impl Default for RandomOpts {
             urgent: false,
             failover: false,
             abort: false,
+            place: false,
         }
     }
 }
@@ -716,6 +771,8 @@ pub struct RandomReport {
     pub failovers: usize,
     /// Whether an abort was injected.
     pub aborted: bool,
+    /// Bytes placed straight into an RMBE.
+    pub placed: u64,
 }
 
 /// The in-band bytes `receiver` must have read of `sender`'s stream of `n` bytes.
@@ -778,7 +835,10 @@ pub fn run_random(
                 && random
                 && (inline[idx(side.peer())] || !h.conn.tx_urgent_outstanding());
             let urgent = may_urgent && rng.chance(15);
-            sim.write(side, n, urgent);
+            let placed = opts.place && !urgent && rng.chance(50) && sim.place(side, n) > 0;
+            if !placed {
+                sim.write(side, n, urgent);
+            }
         } else if sim.host(side).conn.state() == State::Active
             || sim.host(side).conn.state() == State::AppCloseWait1
         {
@@ -906,6 +966,7 @@ pub fn run_random(
         cdcs: sim.trace.len(),
         failovers: sim.failovers,
         aborted,
+        placed: sim.placed,
     };
     for (rx, tx) in [(Side::A, Side::B), (Side::B, Side::A)] {
         let (r, s) = (sim.host(rx), sim.host(tx));

@@ -12,6 +12,9 @@
 //!   again (Linux `tx_curs_fin`): the writes before that CDC completed too (RC order).
 //! * `peer_cons`: the peer's consumer cursor, the left edge of our window:
 //!   `sent − peer_cons ≤ cap` at all times (WIN-1).
+//! * `placed`: bytes up to here that the application put straight into the peer's RMBE
+//!   ([`Conn::tx_place_space`], a path that maps it) instead of the sndbuf; no write
+//!   moves them, the CDC announcing them is all that follows. `placed ≤ app`.
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +33,7 @@ pub(super) struct TxState {
     pub(super) sent_max: u64,
     pub(super) acked: u64,
     pub(super) peer_cons: u64,
+    pub(super) placed: u64,
     /// The last CDC we posted had B set.
     pub(super) b_sent: bool,
     /// Stream index of an urgent byte not yet covered by a CDC with U.
@@ -61,6 +65,7 @@ impl TxState {
             sent_max: 0,
             acked: 0,
             peer_cons: 0,
+            placed: 0,
             b_sent: false,
             urg: None,
             p_signalled: false,
@@ -112,6 +117,71 @@ impl Conn {
             self.tx.p_signalled = false;
         }
         self.events |= Events::TRANSMIT;
+        Ok(())
+    }
+
+    /// Where the application may put the next bytes straight into the peer's RMBE
+    /// instead of the sndbuf, on a path where the element is mapped into our memory
+    /// (same-host shared memory): up to two regions, offsets in the element as
+    /// [`RmbeWrite::dst_off`], at most what the peer's window (WIN-1) and the sndbuf's
+    /// free space take. Empty while bytes wait in the sndbuf (they go first, in stream
+    /// order), while an urgent byte is pending or held (RFC 7609 §4.7.5), or while the
+    /// window is closed: then write through [`Conn::tx_space`]. Errors as `tx_space`.
+    ///
+    /// Placed bytes are not in the sndbuf, so nothing can write them again: only for a
+    /// path whose CDCs cannot be lost and that never fails over (a
+    /// [`Conn::prepare_failover`] with placed bytes unconfirmed ends the connection).
+    pub fn tx_place_space(&self) -> Result<Regions, ConnError> {
+        self.check_writable()?;
+        if self.tx.app != self.tx.sent
+            || self.tx.urg.is_some()
+            || self.tx.hold.is_some()
+            || self.link_failed
+        {
+            return Ok(Regions::default());
+        }
+        let free = u64::from(self.sndbuf_len) - (self.tx.app - self.tx.acked);
+        let n = free.min(self.tx_window());
+        Ok(Regions::ring(
+            self.peer.data_off(),
+            self.peer.cap(),
+            self.tx.p0 + self.tx.sent,
+            n,
+        ))
+    }
+
+    /// Whether [`Conn::tx_place_space`] is empty only because the peer's window is
+    /// closed: nothing waits in the sndbuf, no urgent byte, the connection writable. A
+    /// blocking writer may then wait a little for the peer's consumer cursor rather
+    /// than copy into the sndbuf (and later out of it again).
+    pub fn tx_place_awaits_window(&self) -> bool {
+        self.check_writable().is_ok()
+            && self.tx.app == self.tx.sent
+            && self.tx.urg.is_none()
+            && self.tx.hold.is_none()
+            && !self.link_failed
+            && self.tx_window() == 0
+            && self.tx.app - self.tx.acked < u64::from(self.sndbuf_len)
+    }
+
+    /// Make the next `n` bytes placed into [`Conn::tx_place_space`] part of the stream:
+    /// the next [`Conn::poll_transmit`] announces them with its CDC and no write
+    /// ([`Transmit::placed`]). They take sndbuf space until that CDC completes, as
+    /// written bytes do, so a writer alternating between both paths sees one budget.
+    pub fn tx_place_commit(&mut self, n: u32) -> Result<(), ConnError> {
+        let room = self.tx_place_space()?.total();
+        if u64::from(n) > room {
+            return Err(ConnError::InvalidLength {
+                requested: n.into(),
+                available: room,
+            });
+        }
+        if n > 0 {
+            // Placing needs `app == sent` (tx_place_space): these bytes follow
+            // everything written, so `placed` can simply move to the new end.
+            self.tx_commit(n, false)?;
+            self.tx.placed = self.tx.app;
+        }
         Ok(())
     }
 
@@ -279,6 +349,7 @@ impl Conn {
         let mut t = Transmit {
             writes: [RmbeWrite::default(); 3],
             n_writes: 0,
+            placed: 0,
             cdc: CdcRepr::default(),
         };
         self.split_writes(n, &mut t);
@@ -349,9 +420,12 @@ impl Conn {
         t
     }
 
-    /// Cut `[sent, sent + n)` at the sndbuf wrap and at the peer-RMBE wrap (WIN-2).
+    /// Cut `[sent, sent + n)` at the sndbuf wrap and at the peer-RMBE wrap (WIN-2),
+    /// less the bytes already placed in the peer's RMBE (a prefix: placing needs the
+    /// sndbuf empty, [`Conn::tx_place_space`]).
     fn split_writes(&self, n: u64, t: &mut Transmit) {
-        let mut done = 0u64;
+        let mut done = self.tx.placed.saturating_sub(self.tx.sent).min(n);
+        t.placed = done as u32;
         while done < n {
             let s = self.tx.sent + done;
             let src_off = (s % u64::from(self.sndbuf_len)) as u32;
@@ -496,6 +570,15 @@ impl Conn {
             self.link_failed = false;
             return None;
         }
+        if self.tx.placed > self.tx.acked {
+            // Placed bytes were never in the sndbuf: nothing could replay them.
+            debug!(
+                token = self.local_token,
+                "failover with placed bytes unconfirmed"
+            );
+            self.kill(super::AbortReason::LinkLost);
+            return None;
+        }
         let lost = self.inflight.len;
         self.inflight.clear();
         self.link_failed = false;
@@ -552,6 +635,7 @@ impl Conn {
     /// Drop everything not yet written (abort, §4.8.2 2A).
     pub(super) fn tx_purge(&mut self) {
         self.tx.app = self.tx.sent;
+        self.tx.placed = self.tx.placed.min(self.tx.app);
         self.tx.urg = None;
         self.tx.hold = None;
         self.tx.p_signalled = false;

@@ -4,6 +4,7 @@
 mod failover;
 mod flow;
 mod hostile;
+mod place;
 mod random;
 mod scenarios;
 mod term;

@@ -105,13 +105,38 @@ fn random_abort() {
     assert!(aborted > 50, "aborts were exercised ({aborted})");
 }
 
+/// Writes placed straight into the peer's RMBE (the same-host path) mixed with writes
+/// through the sndbuf, urgent data and aborts: bytes arrive exactly once and in order,
+/// no unread byte is overwritten, and the placed ones are announced like written ones.
+#[test]
+fn random_placed_writes() {
+    let mut placed = 0;
+    for (i, seed) in (4000..4150).enumerate() {
+        let opts = RandomOpts {
+            place: true,
+            urgent: i % 3 == 1,
+            abort: i % 3 == 2,
+            ..RandomOpts::default()
+        };
+        placed += run(seed, &opts, None).placed;
+    }
+    assert!(placed > 500_000, "placing was exercised ({placed} bytes)");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// The same properties from proptest-chosen seeds, all features on.
     #[test]
-    fn prop_random_runs(seed in any::<u64>(), urgent in any::<bool>(), failover in any::<bool>()) {
-        let opts = RandomOpts { urgent, failover, steps: 1500, ..RandomOpts::default() };
+    fn prop_random_runs(
+        seed in any::<u64>(),
+        urgent in any::<bool>(),
+        failover in any::<bool>(),
+        place in any::<bool>(),
+    ) {
+        // Placed bytes cannot be replayed: placing and failover exclude each other.
+        let place = place && !failover;
+        let opts = RandomOpts { urgent, failover, place, steps: 1500, ..RandomOpts::default() };
         run(seed, &opts, None);
     }
 }
