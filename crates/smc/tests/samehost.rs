@@ -165,6 +165,64 @@ fn bulk_both_ways_hash_verified() {
     assert_eq!((got_s, got_c), (total, total));
     assert_eq!(h_s, sent_c, "client → server bytes differ");
     assert_eq!(h_c, sent_s, "server → client bytes differ");
+    // Writers waited for their readers rather than fill the send buffer: bytes went
+    // straight from the application's buffer into the peer's RMB.
+    for (name, st) in [("client", &cli), ("server", &srv)] {
+        let info = st.connections();
+        let i = info
+            .iter()
+            .find(|i| i.mode == "same-host")
+            .expect("the connection is listed");
+        assert_eq!(i.bytes_sent, total as u64, "{name}");
+        assert!(
+            i.bytes_placed > 0 && i.bytes_placed <= i.bytes_sent,
+            "{name}: {} of {} bytes placed",
+            i.bytes_placed,
+            i.bytes_sent
+        );
+        eprintln!(
+            "{name}: {} of {} bytes placed",
+            i.bytes_placed, i.bytes_sent
+        );
+    }
+}
+
+/// Both ends write more than the peer's RMB holds before either reads (a pattern TCP's
+/// buffers allow): the writers first place into the peer's RMB, wait a little for a
+/// reader that does not come, then fill their send buffers, and everything arrives.
+#[test]
+fn writers_ahead_of_readers_use_the_send_buffer_too() {
+    let _serial = serial();
+    let (srv, cli) = sh_pair();
+    let (c, s) = connect_pair(&srv, &cli);
+    let (rmb, sndbuf) = c.buffer_sizes().unwrap();
+    assert_eq!(s.buffer_sizes(), Some((rmb, sndbuf)));
+    let total = rmb + sndbuf / 2;
+    let (c, s) = (Arc::new(c), Arc::new(s));
+    let mut th = Vec::new();
+    for (tx, seed) in [(c.clone(), 3u64), (s.clone(), 4u64)] {
+        th.push(thread::spawn(move || {
+            // Without the send buffer both writers would wait for ever.
+            tx.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+            let data = pattern(seed, total);
+            (&*tx).write_all(&data).unwrap();
+            data
+        }));
+    }
+    let sent_c = th.remove(0).join().unwrap();
+    let sent_s = th.remove(0).join().unwrap();
+    let mut got = vec![0u8; total];
+    (&*s).read_exact(&mut got).unwrap();
+    assert!(got == sent_c, "client → server bytes differ");
+    (&*c).read_exact(&mut got).unwrap();
+    assert!(got == sent_s, "server → client bytes differ");
+    let i = cli.connections();
+    let i = i.iter().find(|i| i.mode == "same-host").unwrap();
+    assert_eq!(i.bytes_sent, total as u64);
+    assert_eq!(
+        i.bytes_placed, rmb as u64,
+        "the RMB placed, the rest written"
+    );
 }
 
 #[test]

@@ -104,8 +104,32 @@ impl fmt::Display for Mode {
     }
 }
 
+/// How long a blocking same-host write waits for the peer's window before it copies
+/// into the send buffer instead (`SmcHandle::write`).
+const SAME_HOST_PLACE_WAIT: Duration = Duration::from_millis(2);
+
 fn io_err(e: ConnError) -> io::Error {
     io::Error::new(e.io_kind(), e)
+}
+
+/// Copies the start of `src` into the regions of `dst` (a send buffer, or the peer's RMB
+/// element on the same-host path), in order, as far as they reach. Returns the bytes
+/// copied.
+fn copy_into(
+    dst: &smc_verbs::RdmaBuffer,
+    regions: &[smc_proto::conn::Region],
+    src: &[u8],
+) -> usize {
+    let mut n = 0usize;
+    for r in regions {
+        let take = (r.len as usize).min(src.len() - n);
+        if take == 0 {
+            break;
+        }
+        dst.write(r.off as usize, &src[n..n + take]);
+        n += take;
+    }
+    n
 }
 
 /// The application's reference on an SMC-R connection; the last one closes it.
@@ -321,21 +345,51 @@ impl SmcHandle {
         }
         let mut st = self.conn.lock();
         let wait = wait.unwrap_or_else(|| self.write_wait(&st));
+        let mut place_deadline: Option<Instant> = None;
         loop {
             if let Some(e) = st.conn.error() {
                 return Err(io_err(e));
             }
+            if let Some(p) = self.conn.shm() {
+                // Same-host: straight into the peer's mapped RMB when nothing waits in
+                // the send buffer (one copy instead of two; the CDC follows as usual).
+                let space = st.conn.tx_place_space().map_err(io_err)?;
+                if !space.is_empty() {
+                    let n = copy_into(&p.tx_data, space.as_slice(), buf);
+                    st.conn.tx_place_commit(n as u32).map_err(io_err)?;
+                    self.conn.drive(&mut st, Instant::now());
+                    return Ok(n);
+                }
+                // A blocking writer ahead of its reader waits a little for the peer to
+                // consume instead of filling the send buffer: once bytes wait there,
+                // every later one goes through it (two copies) until it drains. Not for
+                // long: a peer that does not read gets the send buffer's room too, as
+                // on SMC-R (an application may write more than the RMB holds before it
+                // reads, and must not deadlock where it did not).
+                if let Wait::Until(user) = wait {
+                    if st.conn.tx_place_awaits_window() {
+                        let now = Instant::now();
+                        let d = *place_deadline.get_or_insert(now + SAME_HOST_PLACE_WAIT);
+                        if now < d {
+                            let until = user.map_or(d, |u| u.min(d));
+                            st = match self.wait(st, Wait::Until(Some(until)), Dir::Write) {
+                                Ok(st) => st,
+                                Err(e)
+                                    if e.kind() == io::ErrorKind::WouldBlock
+                                        && user.is_none_or(|u| Instant::now() < u) =>
+                                {
+                                    self.conn.lock()
+                                }
+                                Err(e) => return Err(e),
+                            };
+                            continue;
+                        }
+                    }
+                }
+            }
             let space = st.conn.tx_space().map_err(io_err)?;
             if !space.is_empty() {
-                let mut n = 0usize;
-                for r in space.as_slice() {
-                    let take = (r.len as usize).min(buf.len() - n);
-                    if take == 0 {
-                        break;
-                    }
-                    self.conn.sndbuf.write(r.off as usize, &buf[n..n + take]);
-                    n += take;
-                }
+                let n = copy_into(&self.conn.sndbuf, space.as_slice(), buf);
                 st.conn.tx_commit(n as u32, false).map_err(io_err)?;
                 self.conn.drive(&mut st, Instant::now());
                 return Ok(n);

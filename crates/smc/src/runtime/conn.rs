@@ -154,6 +154,9 @@ pub(crate) struct ConnShared {
     /// ACK or a consumer-cursor update that frees send space wakes no reader (issue 15).
     pub tx_cond: Condvar,
     pub bytes_sent: AtomicU64,
+    /// Of `bytes_sent`, those the writer put straight into the peer's mapped RMB
+    /// (same-host, `Conn::tx_place_space`).
+    pub bytes_placed: AtomicU64,
     pub bytes_received: AtomicU64,
     /// Bumped whenever readers are woken (for busy polling and drivers).
     pub rx_seq: AtomicU64,
@@ -192,6 +195,7 @@ impl ConnShared {
             rx_cond: Condvar::new(),
             tx_cond: Condvar::new(),
             bytes_sent: Default::default(),
+            bytes_placed: Default::default(),
             bytes_received: Default::default(),
             rx_seq: Default::default(),
             tx_seq: Default::default(),
@@ -413,6 +417,10 @@ impl ConnShared {
                 p.ring_peer();
             }
             self.bytes_sent.fetch_add(t.data_len(), Ordering::Relaxed);
+            if t.placed > 0 {
+                self.bytes_placed
+                    .fetch_add(u64::from(t.placed), Ordering::Relaxed);
+            }
             st.conn.on_cdc_sent(t.cdc.seqno);
         }
     }

@@ -1037,6 +1037,7 @@ impl Core {
                     state: st.conn.state().to_string(),
                     lgr: c.lgr().map(|l| LinkGroupId(l.0)),
                     bytes_sent: c.bytes_sent.load(Ordering::Relaxed),
+                    bytes_placed: c.bytes_placed.load(Ordering::Relaxed),
                     bytes_unacked: st.conn.tx_outstanding(),
                     bytes_received: c.bytes_received.load(Ordering::Relaxed),
                 }
@@ -1050,6 +1051,7 @@ impl Core {
                 state: "CLC".into(),
                 lgr: None,
                 bytes_sent: 0,
+                bytes_placed: 0,
                 bytes_unacked: 0,
                 bytes_received: 0,
                 failovers: 0,

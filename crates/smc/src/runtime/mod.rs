@@ -407,6 +407,9 @@ pub struct ConnInfo {
     pub lgr: Option<LinkGroupId>,
     /// Payload bytes written to the peer.
     pub bytes_sent: u64,
+    /// Of `bytes_sent`, those copied straight from the application's buffer into the
+    /// peer's RMB (the same-host path, one copy instead of two; docs/samehost.md).
+    pub bytes_placed: u64,
     /// Bytes the application wrote that the peer's RNIC has not acknowledged yet
     /// (with the CDC that announced them): a failover replays them (RFC 7609 §4.6.2).
     pub bytes_unacked: u64,
