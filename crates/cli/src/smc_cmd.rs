@@ -433,6 +433,13 @@ fn bench_connect(args: &BenchArgs, ip: IpAddr, plan: &Plan) -> Result<()> {
         ModeKind::KernelTcp,
     );
     let mut report = bench::compare_with(smc, tcp, args.path.goals());
+    if let Some(share) = args.path.goals().memcpy_share {
+        bench::judge_memcpy(
+            &mut report,
+            bench::memcpy_rate(stack.config().rmb_size),
+            share,
+        );
+    }
     report.provider = smc_providers::describe(smc_providers::selection_or_auto(), ip);
     report.remote_server = true;
     let r = finish_bench(args, report, None);
@@ -674,6 +681,11 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     let tl = TcpListener::bind(SocketAddr::new(args.pair.server_ip, 0))?;
     let tcp = bench::measure("TCP", tl, &KernelTcp, &plan, ModeKind::KernelTcp).context("TCP")?;
     let mut report = bench::compare_with(smc, tcp, args.path.goals());
+    if let Some(share) = args.path.goals().memcpy_share {
+        // Same machine, same run: what one thread copies at the RMB size.
+        let rmb = client.config().rmb_size;
+        bench::judge_memcpy(&mut report, bench::memcpy_rate(rmb), share);
+    }
     report.provider =
         smc_providers::describe(smc_providers::selection_or_auto(), args.pair.client_ip);
     finish_bench(args, report, Some((&server, &client)))

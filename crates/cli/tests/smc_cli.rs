@@ -183,7 +183,9 @@ fn bench_json_reports_every_metric_for_both_transports() {
     assert!(text.contains("\"all_expected_mode\": true"), "{text}");
     assert!(text.contains("\"conns_smc_subsequent\": 10"), "{text}");
     assert!(!text.contains("\"ratio\": null"), "{text}");
-    assert_eq!(text.matches("\"met\": ").count(), 4, "{text}");
+    // p50 of 1 B and 1 KiB, bulk, connection rate, then 1 B p99 and CPU per GiB.
+    assert_eq!(text.matches("\"met\": ").count(), 6, "{text}");
+    assert_eq!(text.matches("\"of\": \"TCP\"").count(), 6, "{text}");
 }
 
 #[test]
