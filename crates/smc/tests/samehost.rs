@@ -70,6 +70,16 @@ fn shm_mappings() -> usize {
         .count()
 }
 
+/// The inodes of the same-host memfds mapped in this process now.
+fn shm_inodes() -> Vec<u64> {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("memfd:smc-rs-samehost"))
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect()
+}
+
 /// Open descriptors of this process.
 fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
@@ -291,11 +301,21 @@ fn many_sequential_and_concurrent_connections_leave_nothing() {
     // its owner and by the peer. Everything beyond that must go.
     const POOL_MAPS: usize = 2 * 16 * 2;
     const POOL_FDS: usize = 2 * 16 * 2;
+    let mut regions = std::collections::BTreeSet::new();
     for i in 0..n {
         let m = echo_once(&cli, addr, i as u64, 1000 + i);
         assert!(m.is_same_host(), "{m}");
+        regions.extend(shm_inodes());
     }
     assert!(settle(0), "{:?} {:?}", cli.stats(), srv.stats());
+    // Connections that ended cleanly gave their regions back to the session and the
+    // next ones took them by number: a handful of memfds served all of them (without
+    // the reuse, two new ones per connection).
+    assert!(
+        regions.len() <= 16,
+        "{} distinct memfd regions over {n} sequential connections",
+        regions.len()
+    );
     assert!(
         wait_until(Duration::from_secs(20), || fds() <= fds0 + POOL_FDS
             && shm_mappings() <= POOL_MAPS),
