@@ -502,18 +502,20 @@ impl SameHost {
     pub(crate) fn on_sessions(&self) {
         use rustix::event::epoll;
         let Some(ep) = &self.sess_epoll else { return };
-        let mut ready: Vec<epoll::Event> = Vec::with_capacity(16);
+        // On the stack: this runs once per rendezvous on each side. What does not fit
+        // stays ready for the next call (level-triggered).
+        let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 16];
         let zero = rustix::event::Timespec {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        if epoll::wait(ep, rustix::buffer::spare_capacity(&mut ready), Some(&zero)).is_err() {
+        let Ok((ready, _)) = epoll::wait(ep, &mut buf, Some(&zero)) else {
             return;
-        }
+        };
         let Ok(mut ss) = self.sessions.lock() else {
             return;
         };
-        for ev in &ready {
+        for ev in ready.iter() {
             let (stack, flags) = (ev.data.u64(), ev.flags);
             let ended = flags.intersects(
                 epoll::EventFlags::RDHUP | epoll::EventFlags::HUP | epoll::EventFlags::ERR,
