@@ -786,15 +786,7 @@ impl Core {
                 if let (Some(p), Some(sh)) = (c.shm(), &inner.same_host) {
                     if let Some(link) = p.session {
                         let clean = c.lock().conn.peer_finished();
-                        let own = super::shm::OwnMem {
-                            num: p.rx_num,
-                            region: super::shm::region::Region {
-                                ctrl: p.rx_ctrl.clone(),
-                                data: c.rmb.clone(),
-                            },
-                            bell: p.bell.clone(),
-                        };
-                        sh.give_back(link, own, clean);
+                        sh.give_back(link, p.own_mem(c.rmb.clone()), clean);
                     }
                 }
                 // Our own memory (never mapped by the peer): reused as it is, a new

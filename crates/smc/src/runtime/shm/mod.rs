@@ -936,6 +936,19 @@ impl ShmPath {
         Ok((p, rings, s.rx.region.data))
     }
 
+    /// Our region as the session keeps it for reuse ([`SameHost::give_back`]): its
+    /// number, control page, RMB (`rmb`, held by the connection) and doorbell.
+    pub(crate) fn own_mem(&self, rmb: Arc<RdmaBuffer>) -> OwnMem {
+        OwnMem {
+            num: self.rx_num,
+            region: Region {
+                ctrl: self.rx_ctrl.clone(),
+                data: rmb,
+            },
+            bell: self.bell.clone(),
+        }
+    }
+
     /// Wakes the peer's event thread.
     pub(crate) fn ring_peer(&self) {
         let _ = rustix::io::write(&self.peer_bell, &1u64.to_ne_bytes());
