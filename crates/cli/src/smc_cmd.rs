@@ -144,7 +144,7 @@ impl Inspect for StackInspect<'_> {
             "stats: summary link-groups={} connections={} smc={} handshakes={} links={} qps={} \
              rmbs={} rmbs-in-use={} alert-tokens={} listeners={} fds={} smc-total={} \
              first-contacts={} fallbacks={} resets={} rmbs-deleted={} lgrs-ended={} links-failed={} failovers={} \
-             paths-down={} same-host={} same-host-total={} provider={} devices={}",
+             paths-down={} same-host={} same-host-total={} same-host-violations={} provider={} devices={}",
             st.link_groups,
             conns.len(),
             st.smc_connections,
@@ -167,6 +167,7 @@ impl Inspect for StackInspect<'_> {
             st.paths_down,
             st.same_host_connections,
             st.same_host_total,
+            st.same_host_violations,
             self.0.config().provider.name(),
             devices_text(&self.0.config().provider.devices()),
         );

@@ -238,6 +238,7 @@ fn stats_json(stack: &Stack) -> Value {
         s.lgrs_ended -= b.lgrs_ended.min(s.lgrs_ended);
         s.links_failed -= b.links_failed.min(s.links_failed);
         s.same_host_total -= b.same_host_total.min(s.same_host_total);
+        s.same_host_violations -= b.same_host_violations.min(s.same_host_violations);
         s.llc_received -= b.llc_received.min(s.llc_received);
         s.llc_sent -= b.llc_sent.min(s.llc_sent);
         s.llc_dropped -= b.llc_dropped.min(s.llc_dropped);
@@ -276,6 +277,7 @@ fn stats_json(stack: &Stack) -> Value {
         "smc_connections": s.smc_connections,
         "same_host_connections": s.same_host_connections,
         "same_host_total": s.same_host_total,
+        "same_host_violations": s.same_host_violations,
         "handshakes": s.handshakes,
         "listeners": s.listeners,
         "smc_total": s.smc_total,

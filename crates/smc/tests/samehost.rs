@@ -197,6 +197,68 @@ fn bulk_both_ways_hash_verified() {
     }
 }
 
+/// Connections that sent more CDCs than a ring has slots (64) and end with both sides
+/// half-closing and then closing at about the same time (as `smc bench`'s do):
+/// whichever stack releases its connection first gives its region back and zeroes its
+/// ring while the other still takes the last CDCs. A connection that sent its last CDC
+/// must not look at the peer's ring any more: its TAIL, back at 0, read as a broken ring
+/// and the connection ended with a reset.
+#[test]
+fn simultaneous_closes_break_no_ring() {
+    let _serial = serial();
+    let (srv, cli) = sh_pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    let n = if full() { 1000 } else { 100 };
+    let server = thread::spawn(move || {
+        for _ in 0..n {
+            let (s, _) = l.accept().unwrap();
+            let mut b = [0u8; 16];
+            for _ in 0..80 {
+                (&s).read_exact(&mut b[..1]).unwrap();
+                (&s).write_all(&b[..1]).unwrap();
+            }
+            let mut got = 0;
+            loop {
+                match (&s).read(&mut b).unwrap() {
+                    0 => break,
+                    k => got += k,
+                }
+            }
+            (&s).write_all(&(got as u64).to_be_bytes()).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+        }
+    });
+    for i in 0..n {
+        let c = SmcStream::connect_with(&cli, addr).unwrap();
+        assert!(c.mode().is_same_host());
+        for k in 0..80u8 {
+            (&c).write_all(&[k]).unwrap();
+            let mut b = [0u8; 1];
+            (&c).read_exact(&mut b).unwrap();
+            assert_eq!(b[0], k);
+        }
+        (&c).write_all(&pattern(i as u64, 1 + i % 13)).unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        let mut b = [0u8; 8];
+        (&c).read_exact(&mut b).unwrap();
+        assert_eq!(u64::from_be_bytes(b), 1 + i as u64 % 13);
+        assert_eq!((&c).read(&mut b).unwrap(), 0);
+    }
+    server.join().unwrap();
+    wait_until(Duration::from_secs(10), || {
+        cli.stats().smc_connections == 0 && srv.stats().smc_connections == 0
+    });
+    assert_eq!(
+        (
+            cli.stats().same_host_violations,
+            srv.stats().same_host_violations
+        ),
+        (0, 0),
+        "well-behaved peers broke no ring"
+    );
+}
+
 /// Both ends write more than the peer's RMB holds before either reads (a pattern TCP's
 /// buffers allow): the writers first place into the peer's RMB, wait a little for a
 /// reader that does not come, then fill their send buffers, and everything arrives.
@@ -308,6 +370,16 @@ fn many_sequential_and_concurrent_connections_leave_nothing() {
         regions.extend(shm_inodes());
     }
     assert!(settle(0), "{:?} {:?}", cli.stats(), srv.stats());
+    // A connection whose last CDC is out no longer looks at the peer's ring: the peer
+    // may already have zeroed it for its next connection (it read as a broken ring).
+    assert_eq!(
+        (
+            cli.stats().same_host_violations,
+            srv.stats().same_host_violations
+        ),
+        (0, 0),
+        "well-behaved peers broke no ring"
+    );
     // Connections that ended cleanly gave their regions back to the session and the
     // next ones took them by number: a handful of memfds served all of them (without
     // the reuse, two new ones per connection).
@@ -415,6 +487,8 @@ fn scribbling_on_the_shared_memory_ends_only_that_connection() {
         r1.is_err() || r2.is_err(),
         "the scribbled connection must fail: {r1:?} {r2:?}"
     );
+    let violations = srv.stats().same_host_violations + cli.stats().same_host_violations;
+    assert!(violations >= 1, "the broken ring is counted");
     let data = pattern(9, 1 << 20);
     let d2 = data.clone();
     let w = thread::spawn(move || (&a_c).write_all(&d2).unwrap());

@@ -663,6 +663,16 @@ impl Conn {
             .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
     }
 
+    /// We sent our last CDC: our close or abort flag is posted, and
+    /// [`Conn::poll_transmit`] gives nothing more (CHECKLIST TRM-2; on SMC-R a failover
+    /// may still replay a close flag whose CDC was lost). Mirror of
+    /// [`Conn::peer_finished`]: from here on the peer may reuse the memory we wrote into.
+    pub fn finished_sending(&self) -> bool {
+        self.cl
+            .sent
+            .intersects(ConnStateFlags::PEER_CONN_CLOSED | ConnStateFlags::PEER_CONN_ABORT)
+    }
+
     /// Events since the last call; clears them.
     pub fn take_events(&mut self) -> Events {
         std::mem::take(&mut self.events)

@@ -383,6 +383,13 @@ impl ConnShared {
     /// data before the CDC, RFC 7609 §4.7.1), and the CDC is complete at once.
     fn flush_shm(&self, p: &ShmPath, st: &mut ConnState, now: Instant) {
         loop {
+            // Once our last CDC is published the peer may take it at once, give its
+            // region to its next connection with us (docs/samehost.md, "Reusing
+            // memory") and zero the control page: the ring is no longer ours to look at
+            // (its TAIL, back at 0, would read as a broken ring).
+            if st.conn.finished_sending() {
+                return;
+            }
             let Path::Shm(rings) = &mut st.path else {
                 return;
             };
@@ -390,13 +397,7 @@ impl ConnShared {
                 Ok(true) => {}
                 // The peer wakes us when it consumed (its ring's TX_WAIT).
                 Ok(false) => return,
-                Err(e) => {
-                    warn!(token = self.token, error = %e, "same-host peer broke the ring");
-                    st.conn.kill(crate::conn::AbortReason::Violation(
-                        crate::conn::Violation::SharedRing,
-                    ));
-                    return;
-                }
+                Err(e) => return self.shm_violation(st, "broke the ring", &e),
             }
             let Some(t) = st.conn.poll_transmit(now) else {
                 return;
@@ -425,6 +426,18 @@ impl ConnShared {
         }
     }
 
+    /// The same-host peer broke the shared ring: only this connection ends
+    /// (`Stats::same_host_violations`).
+    fn shm_violation(&self, st: &mut ConnState, what: &str, e: &dyn std::fmt::Display) {
+        warn!(token = self.token, error = %e, "same-host peer {what}");
+        if let Some(s) = self.stack.upgrade() {
+            s.counters.shm_violations.fetch_add(1, Ordering::Relaxed);
+        }
+        st.conn.kill(crate::conn::AbortReason::Violation(
+            crate::conn::Violation::SharedRing,
+        ));
+    }
+
     /// Takes the CDCs waiting in a same-host connection's ring (any thread; the
     /// connection's lock is taken here).
     pub(crate) fn shm_poll(&self, now: Instant) {
@@ -449,13 +462,7 @@ impl ConnShared {
                     p.ring_peer();
                 }
             }
-            Err(e) => {
-                warn!(token = self.token, error = %e, "same-host peer broke the ring");
-                st.conn.kill(crate::conn::AbortReason::Violation(
-                    crate::conn::Violation::SharedRing,
-                ));
-                return;
-            }
+            Err(e) => return self.shm_violation(st, "broke the ring", &e),
         }
         for b in &msgs {
             match CdcRepr::parse_bytes(b) {
@@ -463,10 +470,7 @@ impl ConnShared {
                 Err(e) => {
                     // Not a CDC where the ring says one is: like a malformed CDC on a
                     // link, the peer broke the protocol; only this connection ends.
-                    warn!(token = self.token, error = %e, "same-host peer wrote a bad CDC");
-                    st.conn.kill(crate::conn::AbortReason::Violation(
-                        crate::conn::Violation::SharedRing,
-                    ));
+                    self.shm_violation(st, "wrote a bad CDC", &e);
                     return;
                 }
             }

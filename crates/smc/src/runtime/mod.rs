@@ -486,6 +486,9 @@ pub struct Stats {
     pub same_host_connections: usize,
     /// Connections that ended up on the same-host path, ever (not in `smc_total`).
     pub same_host_total: u64,
+    /// Same-host connections ended because the peer broke the shared ring (indices out
+    /// of range, a slot that is no CDC): a hostile or broken peer process.
+    pub same_host_violations: u64,
 }
 
 /// Counters the runtime keeps itself (the endpoint counts the rest).
@@ -496,6 +499,8 @@ pub(crate) struct Counters {
     pub paths_down: AtomicU64,
     /// LLC messages dropped on arrival (a link's inbox was full).
     pub llc_dropped: AtomicU64,
+    /// `Stats::same_host_violations`.
+    pub shm_violations: AtomicU64,
 }
 
 /// Messages to the event thread.
@@ -864,6 +869,7 @@ impl Stack {
         s.llc_sent = c.llc_sent.load(Ordering::Relaxed);
         s.paths_down = c.paths_down.load(Ordering::Relaxed);
         s.llc_dropped += c.llc_dropped.load(Ordering::Relaxed);
+        s.same_host_violations = c.shm_violations.load(Ordering::Relaxed);
         s
     }
 
