@@ -22,9 +22,9 @@
 //!   ICRC check on receive, sockets and netdev facts.
 //! * `cq`, `mr`, `thread`: completion queues, memory regions and keys, which
 //!   thread may run completion handlers.
-//! * `resident`: the receive and transmit batches and every registered
-//!   region are faulted in up front (as `ibv_reg_mr` pins pages), so that
-//!   receiving never waits for a page fault.
+//! * `resident`: the receive and transmit batches and every region a peer
+//!   writes into are faulted in up front (as `ibv_reg_mr` pins pages), so
+//!   that receiving never waits for a page fault there.
 //! * `fault`: a seeded loss/reorder/duplicate injector on the send path.
 //!
 //! Modules only use the ones listed after them (`verbs` → `engine` → `qp`

@@ -18,9 +18,13 @@
 //! `ib_umem_get`), and a NIC's rings are kernel memory.
 //!
 //! So the device's receive and transmit batches are touched when they are
-//! allocated ([`zeroed`]), and a memory region is populated when it is
-//! registered ([`populate`]): SEND payloads, RDMA WRITE data and READ
-//! responses are then placed into pages that are already there.
+//! allocated ([`zeroed`]), and a memory region a peer writes into
+//! (registered with REMOTE_WRITE, SMC-R's RMBs) is populated when it is
+//! registered ([`populate`]): RDMA WRITE data is then placed into pages that
+//! are already there. Other regions (send buffers, which the application
+//! fills first; a link's receive slots, of which a CDC touches one page) fault
+//! in as they are used, so that an idle connection does not pay for them
+//! (`tests/system/smc-scale.sh` counts memory per connection).
 
 use std::hint::black_box;
 use std::sync::atomic::Ordering::Relaxed;

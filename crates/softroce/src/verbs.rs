@@ -182,10 +182,17 @@ impl PdOps for SoftPd {
                 "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
             ));
         }
-        // Pinned, as ibv_reg_mr pins a region's pages (rxe: ib_umem_get):
-        // the receive path then places data without a page fault
-        // (`crate::resident`).
-        crate::resident::populate(&buf, offset, len);
+        // A region a peer writes into (REMOTE_WRITE: SMC-R's RMBs) is made
+        // resident now, as ibv_reg_mr pins a region's pages (rxe:
+        // ib_umem_get), so that placing a peer's data never waits in a page
+        // fault (`crate::resident`). Other regions are left to fault in as
+        // they are used: a send buffer is filled by the application first,
+        // and a link's receive slots (2 MiB per SMC-R link, most of each
+        // 8 KiB slot never used by a 44-byte CDC) would cost their full size
+        // per link (`tests/system/smc-scale.sh` counts memory per connection).
+        if access.contains(AccessFlags::REMOTE_WRITE) {
+            crate::resident::populate(&buf, offset, len);
+        }
         let dev = self.dev.dev();
         let entry =
             dev.mrs

@@ -293,7 +293,8 @@ impl Core {
             .lgr()
             .and_then(|lgr| self.host.links.get(&(lgr, t.link)).cloned());
         let mr = link.as_ref().map(|l| {
-            l.pd.reg_mr(&c.sndbuf, AccessFlags::LOCAL_WRITE)
+            // Only read by the RNIC (RDMA WRITE source), as below.
+            l.pd.reg_mr(&c.sndbuf, AccessFlags::empty())
                 .map_err(|e| e.to_string())
         });
         let mut st = c.lock();
@@ -472,10 +473,12 @@ impl Core {
             Some(x) => x,
             None => {
                 let b = RdmaBuffer::new(want)?;
-                // Send buffers are only read by the local RNIC (RDMA WRITE source).
+                // Send buffers are only read by the local RNIC (RDMA WRITE source): no
+                // write access, so a provider need not keep them resident
+                // (smc-softroce populates only what it may write into).
                 let mr = link
                     .pd
-                    .reg_mr(&b, AccessFlags::LOCAL_WRITE)
+                    .reg_mr(&b, AccessFlags::empty())
                     .map_err(|e| io::Error::other(e.to_string()))?;
                 (b, mr)
             }
