@@ -437,7 +437,7 @@ fn bench_connect(args: &BenchArgs, ip: IpAddr, plan: &Plan) -> Result<()> {
     if let Some(share) = args.path.goals().memcpy_share {
         bench::judge_memcpy(
             &mut report,
-            bench::memcpy_rate(stack.config().rmb_size),
+            bench::memcpy_rate(stack.config().same_host_rmb_size),
             share,
         );
     }
@@ -684,7 +684,7 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     let mut report = bench::compare_with(smc, tcp, args.path.goals());
     if let Some(share) = args.path.goals().memcpy_share {
         // Same machine, same run: what one thread copies at the RMB size.
-        let rmb = client.config().rmb_size;
+        let rmb = client.config().same_host_rmb_size;
         bench::judge_memcpy(&mut report, bench::memcpy_rate(rmb), share);
     }
     report.provider =

@@ -115,6 +115,10 @@ fn both_on_takes_the_same_host_path_and_one_off_stays_smc_r() {
         unreachable!()
     };
     assert_eq!(peer_pid as u32, std::process::id());
+    // Same-host RMBs have their own size (larger than SMC-R's by default).
+    assert_eq!(cli.config().same_host_rmb_size, 1 << 20);
+    assert_eq!(c.buffer_sizes().map(|b| b.0), Some(1 << 20));
+    assert_eq!(s.buffer_sizes().map(|b| b.0), Some(1 << 20));
     assert!(c.mode().to_string().contains("same-host"), "{}", c.mode());
     assert_eq!(cli.stats().same_host_connections, 1);
     assert_eq!(cli.stats().link_groups, 0, "no RDMA on this path");
@@ -130,6 +134,16 @@ fn both_on_takes_the_same_host_path_and_one_off_stays_smc_r() {
     drop((c, s));
 
     // The server does not take the offer: SMC-R over the RNIC, as with a Linux peer.
+    // Sized by the configuration (both ends the same here; each side's RMB is its own).
+    let (srv, cli) = sh_pair_with(
+        |c| c.same_host_rmb_size = 64 << 10,
+        |c| c.same_host_rmb_size = 128 << 10,
+    );
+    let (c, s) = connect_pair(&srv, &cli);
+    assert!(c.mode().is_same_host());
+    assert_eq!(c.buffer_sizes().map(|b| b.0), Some(128 << 10));
+    assert_eq!(s.buffer_sizes().map(|b| b.0), Some(64 << 10));
+    drop((c, s));
     let (srv, cli) = sh_pair_with(|c| c.same_host = false, |_| {});
     let (c, s) = connect_pair(&srv, &cli);
     assert!(matches!(c.mode(), Mode::Smc { .. }), "{}", c.mode());

@@ -117,6 +117,12 @@ pub struct StackConfig {
     /// Longest spin of a blocking read or write of a same-host connection on its ring
     /// before it sleeps (adaptive below it; `SMC_RS_SAME_HOST_SPIN_US`, 0: never spin).
     pub same_host_spin: Duration,
+    /// Size of the RMB of a same-host connection (`SMC_RS_SAME_HOST_RMB_SIZE`; one size
+    /// per stack, so that a region left by one connection serves the next). Larger than
+    /// an SMC-R RMB by default: it is ordinary shared memory, resident only as far as
+    /// it is used, and a writer and a reader on two CPUs hand fewer, larger pieces to
+    /// each other (docs/samehost.md, "Buffer size").
+    pub same_host_rmb_size: usize,
     /// Connection policy knobs (update policy, close timers, ...).
     pub conn: ConnConfig,
     /// Rendezvous details (host name, layouts, LLC timers); versions, UEIDs and the CLC
@@ -130,6 +136,7 @@ impl fmt::Debug for StackConfig {
             .field("provider", &self.provider.name())
             .field("rmb_size", &self.rmb_size)
             .field("sndbuf_size", &self.sndbuf_size)
+            .field("same_host_rmb_size", &self.same_host_rmb_size)
             .field("v1", &self.v1)
             .field("v2", &self.v2)
             .field("ueids", &self.ueids.len())
@@ -185,6 +192,7 @@ impl StackConfig {
             same_host: false,
             same_host_dir: shm::DEFAULT_DIR.into(),
             same_host_spin: Duration::from_micros(50),
+            same_host_rmb_size: 1024 * 1024,
             conn: ConnConfig {
                 update_policy: UpdatePolicy::linux(),
                 ..ConnConfig::default()
@@ -202,7 +210,8 @@ impl StackConfig {
     /// (comma-separated addresses), `SMC_RS_ADD_LINK_RETRY_MS`, timers from `SMC_RS_LGR_IDLE_MS`,
     /// `SMC_RS_CLC_TIMEOUT_MS`, `SMC_RS_CLOSE_TIMEOUT_MS` (the termination timer after
     /// `close()`) and `SMC_RS_KEEPALIVE_MS` (0: off), the same-host path (on unless
-    /// `SMC_RS_SAME_HOST=0`) with `SMC_RS_SAME_HOST_DIR` and `SMC_RS_SAME_HOST_SPIN_US`.
+    /// `SMC_RS_SAME_HOST=0`) with `SMC_RS_SAME_HOST_DIR`, `SMC_RS_SAME_HOST_SPIN_US` and
+    /// `SMC_RS_SAME_HOST_RMB_SIZE`.
     /// Bad values are logged and ignored.
     pub fn from_env() -> StackConfig {
         let mut c = StackConfig::with_provider(crate::defaults::provider());
@@ -236,6 +245,9 @@ impl StackConfig {
         }
         if let Some(n) = size("SMC_RS_SNDBUF_SIZE") {
             c.sndbuf_size = n;
+        }
+        if let Some(n) = size("SMC_RS_SAME_HOST_RMB_SIZE") {
+            c.same_host_rmb_size = n;
         }
         let millis = |name: &str| -> Option<Duration> {
             let v = smc_verbs::process::config_var(name)?;
@@ -804,7 +816,7 @@ impl Stack {
             same_host: config.same_host.then(|| {
                 Arc::new(shm::SameHost::new(
                     config.same_host_dir.clone(),
-                    config.rmb_size,
+                    config.same_host_rmb_size,
                 ))
             }),
             core: Mutex::new(Core::new(ep_cfg)?),
