@@ -412,24 +412,48 @@ impl Core {
         setup: super::shm::ShmSetup,
     ) -> io::Result<Arc<ConnShared>> {
         let token = setup.local_token;
+        let session = setup.session;
+        let give_back = |own: super::shm::OwnMem| {
+            // Our region goes back to the session as a connection's that did not end
+            // cleanly: dropped, and the peer told to unmap it (and its live count
+            // lowered), not left mapped on its side until the session ends.
+            if let (Some(link), Some(sh)) = (session, &inner.same_host) {
+                sh.give_back(link, own, false);
+            }
+        };
         let made = (|| -> io::Result<Arc<ConnShared>> {
             // The idle TCP connection carries the FIN and RST (a failed clone would close
             // it under the peer, which would take that for our death).
-            let tcp = sys::clone_in_place(&r.tcp)?;
-            let sndbuf = match self.shm_sndbufs.pop() {
-                Some(b) => b,
-                None => smc_verbs::RdmaBuffer::new(inner.cfg.sndbuf_size)?,
+            let parts = sys::clone_in_place(&r.tcp).and_then(|tcp| {
+                let sndbuf = match self.shm_sndbufs.pop() {
+                    Some(b) => b,
+                    None => smc_verbs::RdmaBuffer::new(inner.cfg.sndbuf_size)?,
+                };
+                Ok((tcp, sndbuf))
+            });
+            let (tcp, sndbuf) = match parts {
+                Ok(x) => x,
+                Err(e) => {
+                    give_back(setup.rx);
+                    return Err(e);
+                }
             };
             let shared = super::shm::new_conn(inner, r.local, r.peer, tcp, setup, sndbuf)?;
             let st = shared.lock();
             if let Some(tcp) = &st.tcp {
                 // Watched like an SMC-R connection's (RFC 7609 §4.8: FIN and RST).
-                epoll::add(
+                let added = epoll::add(
                     &self.epoll,
                     tcp,
                     epoll::EventData::new_u64(u64::from(token)),
                     epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
-                )?;
+                );
+                if let Err(e) = added {
+                    if let Some(p) = shared.shm() {
+                        give_back(p.own_mem(shared.rmb.clone()));
+                    }
+                    return Err(e.into());
+                }
             }
             drop(st);
             Ok(shared)
