@@ -92,7 +92,7 @@ impl Conn {
     /// will read no more, §4.8.1 4A), or when the connection failed.
     pub fn tx_space(&self) -> Result<Regions, ConnError> {
         self.check_writable()?;
-        let free = u64::from(self.sndbuf_len) - (self.tx.app - self.tx.acked);
+        let free = self.tx_sndbuf_free();
         Ok(Regions::ring(0, self.sndbuf_len, self.tx.app, free))
     }
 
@@ -101,7 +101,7 @@ impl Conn {
     /// CHECKLIST AMB-42); a newer urgent byte supersedes one not yet sent.
     pub fn tx_commit(&mut self, n: u32, urgent: bool) -> Result<(), ConnError> {
         self.check_writable()?;
-        let free = u64::from(self.sndbuf_len) - (self.tx.app - self.tx.acked);
+        let free = self.tx_sndbuf_free();
         if u64::from(n) > free {
             return Err(ConnError::InvalidLength {
                 requested: n.into(),
@@ -133,15 +133,10 @@ impl Conn {
     /// [`Conn::prepare_failover`] with placed bytes unconfirmed ends the connection).
     pub fn tx_place_space(&self) -> Result<Regions, ConnError> {
         self.check_writable()?;
-        if self.tx.app != self.tx.sent
-            || self.tx.urg.is_some()
-            || self.tx.hold.is_some()
-            || self.link_failed
-        {
+        if !self.tx_may_place() {
             return Ok(Regions::default());
         }
-        let free = u64::from(self.sndbuf_len) - (self.tx.app - self.tx.acked);
-        let n = free.min(self.tx_window());
+        let n = self.tx_sndbuf_free().min(self.tx_window());
         Ok(Regions::ring(
             self.peer.data_off(),
             self.peer.cap(),
@@ -156,12 +151,23 @@ impl Conn {
     /// than copy into the sndbuf (and later out of it again).
     pub fn tx_place_awaits_window(&self) -> bool {
         self.check_writable().is_ok()
-            && self.tx.app == self.tx.sent
+            && self.tx_may_place()
+            && self.tx_window() == 0
+            && self.tx_sndbuf_free() > 0
+    }
+
+    /// Placing keeps the stream in order and the urgent rules: nothing waits in the
+    /// sndbuf, no urgent byte is pending or held (RFC 7609 §4.7.5), the link is up.
+    fn tx_may_place(&self) -> bool {
+        self.tx.app == self.tx.sent
             && self.tx.urg.is_none()
             && self.tx.hold.is_none()
             && !self.link_failed
-            && self.tx_window() == 0
-            && self.tx.app - self.tx.acked < u64::from(self.sndbuf_len)
+    }
+
+    /// Free sndbuf space: what is not committed-and-unconfirmed.
+    fn tx_sndbuf_free(&self) -> u64 {
+        u64::from(self.sndbuf_len) - (self.tx.app - self.tx.acked)
     }
 
     /// Make the next `n` bytes placed into [`Conn::tx_place_space`] part of the stream:
