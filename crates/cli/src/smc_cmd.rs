@@ -433,14 +433,7 @@ fn bench_connect(args: &BenchArgs, ip: IpAddr, plan: &Plan) -> Result<()> {
         plan,
         ModeKind::KernelTcp,
     );
-    let mut report = bench::compare_with(smc, tcp, args.path.goals());
-    if let Some(share) = args.path.goals().memcpy_share {
-        bench::judge_memcpy(
-            &mut report,
-            bench::memcpy_rate(stack.config().same_host_rmb_size),
-            share,
-        );
-    }
+    let mut report = judge(args, smc, tcp, stack);
     report.provider = smc_providers::describe(smc_providers::selection_or_auto(), ip);
     report.remote_server = true;
     let r = finish_bench(args, report, None);
@@ -644,6 +637,23 @@ pub fn bench(args: &BenchArgs) -> ExitCode {
     exit(run_bench(args), "bench")
 }
 
+/// Both sides against the path's goals; on the same-host path also against what one
+/// thread copies at the RMB size, measured now (same machine, same run).
+fn judge(
+    args: &BenchArgs,
+    smc: bench::TransportReport,
+    tcp: bench::TransportReport,
+    stack: &Stack,
+) -> bench::Report {
+    let goals = args.path.goals();
+    let mut report = bench::compare_with(smc, tcp, goals);
+    if let Some(share) = goals.memcpy_share {
+        let rmb = stack.config().same_host_rmb_size;
+        bench::judge_memcpy(&mut report, bench::memcpy_rate(rmb), share);
+    }
+    report
+}
+
 fn run_bench(args: &BenchArgs) -> Result<()> {
     let plan = Plan {
         bulk_bytes: crate::payload::parse_size(&args.bytes).map_err(anyhow::Error::msg)?,
@@ -681,12 +691,7 @@ fn run_bench(args: &BenchArgs) -> Result<()> {
     .context(args.path.label())?;
     let tl = TcpListener::bind(SocketAddr::new(args.pair.server_ip, 0))?;
     let tcp = bench::measure("TCP", tl, &KernelTcp, &plan, ModeKind::KernelTcp).context("TCP")?;
-    let mut report = bench::compare_with(smc, tcp, args.path.goals());
-    if let Some(share) = args.path.goals().memcpy_share {
-        // Same machine, same run: what one thread copies at the RMB size.
-        let rmb = client.config().same_host_rmb_size;
-        bench::judge_memcpy(&mut report, bench::memcpy_rate(rmb), share);
-    }
+    let mut report = judge(args, smc, tcp, &client);
     report.provider =
         smc_providers::describe(smc_providers::selection_or_auto(), args.pair.client_ip);
     finish_bench(args, report, Some((&server, &client)))
