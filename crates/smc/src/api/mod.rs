@@ -112,6 +112,25 @@ fn io_err(e: ConnError) -> io::Error {
     io::Error::new(e.io_kind(), e)
 }
 
+/// A blocking same-host writer ahead of its reader waits a little for the peer to
+/// consume instead of filling the send buffer: once bytes wait there, every later one
+/// goes through it (two copies) until it drains. Not for long: a peer that does not read
+/// gets the send buffer's room too, as on SMC-R (an application may write more than the
+/// RMB holds before it reads, and must not deadlock where it did not). Returns until
+/// when to wait now (`None`: use the send buffer); `first` keeps the end of the short
+/// wait across the call's turns.
+fn place_wait(st: &ConnState, wait: Wait, first: &mut Option<Instant>) -> Option<Instant> {
+    let Wait::Until(user) = wait else {
+        return None;
+    };
+    if !st.conn.tx_place_awaits_window() {
+        return None;
+    }
+    let now = Instant::now();
+    let d = *first.get_or_insert(now + SAME_HOST_PLACE_WAIT);
+    (now < d).then(|| user.map_or(d, |u| u.min(d)))
+}
+
 /// Copies the start of `src` into the regions of `dst` (a send buffer, or the peer's RMB
 /// element on the same-host path), in order, as far as they reach. Returns the bytes
 /// copied.
@@ -155,6 +174,16 @@ impl Drop for SmcHandle {
 pub(crate) enum Wait {
     Never,
     Until(Option<Instant>),
+}
+
+impl Wait {
+    /// The caller's time is up (never for an unbounded wait; always for `Never`).
+    fn passed(self) -> bool {
+        match self {
+            Wait::Never => true,
+            Wait::Until(d) => d.is_some_and(|d| Instant::now() >= d),
+        }
+    }
 }
 
 /// What a blocked call waits for (runtime/conn.rs wakes readers and writers apart).
@@ -360,31 +389,16 @@ impl SmcHandle {
                     self.conn.drive(&mut st, Instant::now());
                     return Ok(n);
                 }
-                // A blocking writer ahead of its reader waits a little for the peer to
-                // consume instead of filling the send buffer: once bytes wait there,
-                // every later one goes through it (two copies) until it drains. Not for
-                // long: a peer that does not read gets the send buffer's room too, as
-                // on SMC-R (an application may write more than the RMB holds before it
-                // reads, and must not deadlock where it did not).
-                if let Wait::Until(user) = wait {
-                    if st.conn.tx_place_awaits_window() {
-                        let now = Instant::now();
-                        let d = *place_deadline.get_or_insert(now + SAME_HOST_PLACE_WAIT);
-                        if now < d {
-                            let until = user.map_or(d, |u| u.min(d));
-                            st = match self.wait(st, Wait::Until(Some(until)), Dir::Write) {
-                                Ok(st) => st,
-                                Err(e)
-                                    if e.kind() == io::ErrorKind::WouldBlock
-                                        && user.is_none_or(|u| Instant::now() < u) =>
-                                {
-                                    self.conn.lock()
-                                }
-                                Err(e) => return Err(e),
-                            };
-                            continue;
+                if let Some(until) = place_wait(&st, wait, &mut place_deadline) {
+                    st = match self.wait(st, Wait::Until(Some(until)), Dir::Write) {
+                        Ok(st) => st,
+                        // The short wait's end, not the caller's: look again.
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock && !wait.passed() => {
+                            self.conn.lock()
                         }
-                    }
+                        Err(e) => return Err(e),
+                    };
+                    continue;
                 }
             }
             let space = st.conn.tx_space().map_err(io_err)?;
