@@ -41,6 +41,15 @@ DMESG_INFO = [
     r"rcu: .*stall",
 ]
 
+# Under TCG (no KVM) the emulator now and then raises a debug exception (#DB) in the
+# guest kernel with no debugger attached: the kernel warns in exc_debug_kernel, with
+# EFLAGS bits above 31 set that no x86 CPU has (seen once in rxe's receive path while
+# the host was loaded). An artefact of the emulator, not of either SMC-R stack: shown
+# as a warning, not counted as a kernel error.
+DMESG_TCG_ARTEFACTS = [
+    r"WARNING: CPU: .* at arch/x86/kernel/traps\.c:\d+ exc_debug_kernel",
+]
+
 # the PEER_CMD exit status of a process killed by our SIGTERM (bash: 128+15)
 TERMINATED_STATUSES = ("143", "-15", "0")
 
@@ -162,9 +171,14 @@ def check_mode(v, expect, vm, conn):
             v.check(ok, desc + " (expected a fallback after this kernel's own CLC Decline)")
 
 
-def scan_dmesg(v, vm, extra):
+def scan_dmesg(v, vm, extra, tcg=False):
     pats = DMESG_FAIL + ([extra] if extra else [])
     bad = [l for l in vm.dmesg if any(re.search(p, l) for p in pats)]
+    if tcg:
+        artefacts = [l for l in bad if any(re.search(p, l) for p in DMESG_TCG_ARTEFACTS)]
+        for l in artefacts:
+            v.warn("%s kernel: emulator artefact (TCG), not counted: %s" % (vm.name, l.strip()))
+        bad = [l for l in bad if l not in artefacts]
     v.check(not bad, "%s kernel log: %d protocol-violation/kernel-error lines%s" % (
         vm.name, len(bad), (": " + " | ".join(bad[:5])) if bad else ""))
     infos = [l for l in vm.dmesg if any(re.search(p, l) for p in DMESG_INFO)]
@@ -420,7 +434,7 @@ def main(argv):
         v.check(False, "harness: " + e)
     for vm in vms + ([guest] if guest else []):
         vm_basics(v, vm, cfg.get("LINKS", "1"))
-        scan_dmesg(v, vm, cfg.get("DMESG_FAIL", ""))
+        scan_dmesg(v, vm, cfg.get("DMESG_FAIL", ""), cfg.get("ACCEL") == "tcg")
     if cfg["MODE"] == "peer-host":
         check_peer(v, cfg, steps, ["guest", "host"])
         c = check_capture(v, cfg, out, [])

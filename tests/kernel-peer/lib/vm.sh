@@ -179,7 +179,15 @@ vm_finish() {
 	pid=$(vm_pid "$name")
 	[ -n "$pid" ] || return 0
 	if ! vm_wait "$name" 'end ' 1 "${2:-$((IOTIMEOUT + 60))}"; then
-		log "VM $name did not finish; stopping it"
+		if alive "$pid"; then
+			log "VM $name did not finish; stopping it"
+		else
+			# gone without its end line: the guest kernel panicked (panic=-1, -no-reboot)
+			# or QEMU died; the console's last lines say which
+			log "VM $name exited without its end line; last lines of $OUT/$name/console.log and qemu.log:"
+			tail -n 40 "$OUT/$name/console.log" 2>/dev/null | sed "s/^/[vm $name] /" >&2 || true
+			tail -n 5 "$OUT/$name/qemu.log" 2>/dev/null | sed "s/^/[qemu $name] /" >&2 || true
+		fi
 		INFRA_ERRORS="$INFRA_ERRORS vm-$name-no-end"
 	fi
 	wait_gone "$pid" 20 || kill -KILL "$pid" 2>/dev/null || true
@@ -368,7 +376,9 @@ stop_peer_vm() {
 	else
 		vm_abort guest
 	fi
-	grep -a '^KPEER-OUT peer ' "$OUT/guest/results.log" 2>/dev/null | sed 's/^KPEER-OUT peer //' >>"$OUT/peer/peer.log"
+	# a guest that died early printed no output: no match is no error (set -e, pipefail)
+	{ grep -a '^KPEER-OUT peer ' "$OUT/guest/results.log" 2>/dev/null || true; } |
+		sed 's/^KPEER-OUT peer //' >>"$OUT/peer/peer.log"
 	printf '%s\t%s\t%s\n' "$PEER_STEP" "${rc:-255}" "${how:-killed}" >>"$OUT/peer/steps.tsv"
 	log "PEER_CMD ($PEER_STEP) in VM guest $how, exit status ${rc:-255}"
 	PEER_PID=
