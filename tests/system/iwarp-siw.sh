@@ -30,8 +30,9 @@
 # tests/system/helpers/perftest_cm_check.py checks it in the capture: the rdma_cm exchange
 # in perftest's order and sizes, and every data message on the wire against what our side
 # sent, received, holds or read (its --dump), at the addresses and with the credits perftest
-# uses. Both checkers are shown to fail on a corrupted input. The captures are kept; their
-# paths are printed.
+# uses. Both checkers are shown to fail on a corrupted input. A failing run keeps its
+# captures (in IWARP_SIW_OUT, default /tmp/iwarp-siw-<date>) and prints their paths; a
+# passing one removes them unless IWARP_SIW_KEEP=1 or IWARP_SIW_OUT is set.
 # Exit 0 pass, 77 skip (with the reason), anything else fail. SMC_RS_KPEER=0 skips it.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -241,6 +242,14 @@ if [ "${CI:-}" != true ] || [ "${IWARP_SIW_FULL:-0}" = 1 ]; then
 else
 	echo "-- perftest 100-byte/CRC variants skipped (CI=true; IWARP_SIW_FULL=1 runs them)"
 fi
-echo "iwarp-siw: captures kept:"
-printf '  %s\n' "${captures[@]}"
+# The run directory (VM images, logs, ~66 MB of captures and dumps) stays for a failure,
+# or when asked for (IWARP_SIW_OUT names it, or IWARP_SIW_KEEP=1); a passing run removes it,
+# so that runs do not pile up in /tmp.
+if [ $status != 0 ] || [ -n "${IWARP_SIW_OUT:-}" ] || [ "${IWARP_SIW_KEEP:-0}" = 1 ]; then
+	echo "iwarp-siw: captures kept:"
+	printf '  %s\n' "${captures[@]}"
+else
+	rm -rf "$keep"
+	echo "iwarp-siw: passed; run directory removed (IWARP_SIW_KEEP=1 or IWARP_SIW_OUT=DIR keeps the captures)"
+fi
 exit $status
