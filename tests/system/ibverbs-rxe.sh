@@ -40,6 +40,7 @@ fail() { echo "FAIL $TAG: $*"; fails=$((fails + 1)); }
 smc=$(realpath "$BIN/smc" 2>/dev/null)
 [ -x "$smc" ] || { echo "FAIL $TAG: $BIN/smc not built"; exit 1; }
 helper=$PWD/tests/system/helpers/ibverbs-vm-peer.sh
+. tests/kernel-peer/lib/retry.bash
 
 # ---- 1. host: no RDMA device → software RNIC
 out=$("$smc" rdma devices --addr 127.0.0.1 2>&1)
@@ -75,24 +76,12 @@ run() { # NAME MODE KNOBS...
   if [ -n "${IBVERBS_RXE_ONLY:-}" ]; then
     case " $IBVERBS_RXE_ONLY " in *" $name "*) ;; *) echo "== $name: not in IBVERBS_RXE_ONLY"; return ;; esac
   fi
-  local try
-  for try in 1 2; do
-    echo "== $name: run.sh $mode"
+  echo "== $name: run.sh $mode"
+  # a VM that dies under the step (seen once in CI under TCG, kernel-client) runs it again
+  kpeer_run_retry "$work/$name" "$work/$name.log" \
     env "$@" timeout 1200 tests/kernel-peer/run.sh "$mode" OUT="$work/$name" NO_INSTALL=1 PEER_VM=1 \
-      PEER_FILES="$smc $helper" > "$work/$name.log" 2>&1
-    rc=$?
-    # A VM that vanished without its end line (QEMU gone: a guest kernel panic, or the
-    # emulator died; seen once in CI under TCG, kernel-client, not reproduced in 6 runs)
-    # says nothing about our stack: its console is shown and the step runs once more.
-    # A second such death, or any other failure, fails the step.
-    if [ $rc != 0 ] && [ $try = 1 ] && grep -q 'exited without its end line' "$work/$name.log"; then
-      echo "WARN $TAG: $name: a VM died under the run (console below); running the step again"
-      grep -aE 'exited without its end line|^\[(vm|qemu) ' "$work/$name.log" | sed 's/^/   /'
-      mv "$work/$name" "$work/$name.vm-died"; mv "$work/$name.log" "$work/$name.vm-died.log"
-      continue
-    fi
-    break
-  done
+    PEER_FILES="$smc $helper"
+  rc=$?
   grep -E '^(PASS|FAIL|WARN|VERDICT)' "$work/$name.log" | sed 's/^/   /'
   grep -ahE '^(PASS|FAIL) |PEER (OK|FAIL)|conformance:|stats: summary|^(idle|busy|removal): |^connection [0-9]|as it should|^both connections|^the kernel finished|^rxe0 ' "$work/$name/peer/"*.log 2>/dev/null | sed 's/^/   peer: /' | head -30
   # every helper plan ends with PEER OK or PEER FAIL: a FAIL fails the run whatever the

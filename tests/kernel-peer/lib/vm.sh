@@ -185,6 +185,7 @@ vm_finish() {
 			# gone without its end line: the guest kernel panicked (panic=-1, -no-reboot)
 			# or QEMU died; the console's last lines say which
 			log "VM $name exited without its end line; last lines of $OUT/$name/console.log and qemu.log:"
+			echo "$name" >>"$OUT/vm-died" # lib/retry.bash runs such a run once more
 			tail -n 40 "$OUT/$name/console.log" 2>/dev/null | sed "s/^/[vm $name] /" >&2 || true
 			tail -n 5 "$OUT/$name/qemu.log" 2>/dev/null | sed "s/^/[qemu $name] /" >&2 || true
 		fi

@@ -184,6 +184,55 @@ class PatternTest(unittest.TestCase):
             self.assertEqual(r.stdout.strip(), tcp_peer.pattern(seed, off, n).hex())
 
 
+class RetryTest(unittest.TestCase):
+    """lib/retry.bash: a run whose VM died (OUT/vm-died) runs once more, nothing else."""
+
+    # A stand-in for run.sh: fails with a dead VM as long as OUT/../deaths has lines left.
+    FAKE = r"""
+fake() {
+  mkdir -p "$OUT"
+  echo "try" >>"$OUT/../tries"
+  if [ -s "$OUT/../deaths" ]; then
+    sed -i 1d "$OUT/../deaths"
+    echo "[kpeer 1s] VM guest exited without its end line; last lines of console.log and qemu.log:"
+    echo "[vm guest] Kernel panic - not syncing"
+    echo guest >>"$OUT/vm-died"
+    return 3
+  fi
+  return "${RC:-0}"
+}
+"""
+
+    def run_retry(self, deaths, rc=0):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        with open(os.path.join(d, "deaths"), "w") as fh:
+            fh.write("x\n" * deaths)
+        script = ". %s\n%s\nOUT=%s/run; kpeer_run_retry \"$OUT\" %s/run.log fake; echo \"rc=$?\"" % (
+            os.path.join(KPEER, "lib", "retry.bash"), self.FAKE, d, d)
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                           env=dict(os.environ, RC=str(rc)))
+        tries = open(os.path.join(d, "tries")).read().count("try")
+        return r.stdout, tries, d
+
+    def test_a_run_without_a_dead_vm_runs_once(self):
+        out, tries, _ = self.run_retry(0, rc=1)
+        self.assertEqual((tries, out.strip().splitlines()[-1]), (1, "rc=1"), out)
+        self.assertNotIn("WARN", out)
+
+    def test_one_dead_vm_runs_again_and_shows_the_console(self):
+        out, tries, d = self.run_retry(1)
+        self.assertEqual((tries, out.strip().splitlines()[-1]), (2, "rc=0"), out)
+        self.assertIn("WARN: run: VM guest died", out)
+        self.assertIn("[vm guest] Kernel panic", out)
+        self.assertTrue(os.path.exists(os.path.join(d, "run.vm-died", "vm-died")))
+        self.assertTrue(os.path.exists(os.path.join(d, "run.vm-died.log")))
+
+    def test_a_second_death_fails(self):
+        out, tries, _ = self.run_retry(2)
+        self.assertEqual((tries, out.strip().splitlines()[-1]), (2, "rc=3"), out)
+
+
 class VerdictTest(unittest.TestCase):
     """verdict.py on synthetic result files."""
 

@@ -9,6 +9,7 @@
 
 FAILS=0
 BIN=${BIN:-target/release}
+. tests/kernel-peer/lib/retry.bash
 SMC=$(cd "$(dirname "$BIN/smc")" 2>/dev/null && pwd)/smc
 KP_TAG=${TEST_NAME:-kpeer-linux}-$$
 KP_OUT=$(mktemp -d "/tmp/$KP_TAG.XXXXXX")
@@ -67,23 +68,13 @@ kpeer_linux_prepare() {
 # the knobs is passed to the PEER_CMD through the environment.
 kpeer_run() {
   local name=$1 mode=$2; shift 2
-  local out=$KP_OUT/$name log=$KP_OUT/$name.log rc t0=$SECONDS try
-  for try in 1 2; do
-    echo "== $name: run.sh $mode $*"
+  local out=$KP_OUT/$name log=$KP_OUT/$name.log rc t0=$SECONDS
+  echo "== $name: run.sh $mode $*"
+  # a VM that dies under the run runs it again (lib/retry.bash)
+  kpeer_run_retry "$out" "$log" \
     env "$@" timeout ${KPEER_TIMEOUT:-900} tests/kernel-peer/run.sh "$mode" OUT="$out" NO_INSTALL=1 \
-      PEER_CMD='exec "$KPEER_REPO/tests/system/helpers/kpeer-smc-peer.sh"' > "$log" 2>&1
-    rc=$?
-    # A VM gone without its end line (QEMU exited: a guest kernel panic or the emulator)
-    # says nothing about either stack: the console is shown and the run repeated once
-    # (as in tests/system/ibverbs-rxe.sh).
-    if [ $rc != 0 ] && [ $try = 1 ] && grep -q 'exited without its end line' "$log"; then
-      echo "WARN: $name: a VM died under the run (console below); running it again"
-      grep -aE 'exited without its end line|^\[(vm|qemu) ' "$log" | sed 's/^/   /'
-      rm -rf "$out.vm-died"; mv "$out" "$out.vm-died"; mv "$log" "$out.vm-died.log"
-      continue
-    fi
-    break
-  done
+    PEER_CMD='exec "$KPEER_REPO/tests/system/helpers/kpeer-smc-peer.sh"'
+  rc=$?
   grep -E '^(PASS|FAIL|WARN|VERDICT)' "$log" | sed 's/^/   /'
   grep -E 'timings:' "$log" | sed 's/^.*timings: /   timings: /'
   case $rc in
