@@ -149,27 +149,36 @@ if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; 
     # smc ss every 0.1 s while the benchmark runs (a quiet machine finishes -n 20000 in
     # under a second: one look after 1 s found it gone once): the modes of every
     # snapshot together.
-    n=0
+    # $BP is timeout's pid; redis-benchmark is its child (smc run execs it).
+    n=0 CPID=
     while kill -0 "$BP" 2>/dev/null; do
+      [ -n "$CPID" ] || CPID=$(pgrep -P "$BP" | head -n 1)
       "$SMC" ss --json > "$WORK/rbss.$n.json" 2>/dev/null
       n=$((n + 1))
       sleep 0.1
     done
     wait "$BP"; rc=$?
+    # the modes smc ss showed for the server's and for the client's sockets
     modes=$(python3 -c "
 import glob, json, sys
-seen = set()
+seen = {'server': set(), 'client': set()}
 for f in glob.glob(sys.argv[1] + '/rbss.*.json'):
     try:
         d = json.load(open(f))
     except ValueError:
         continue
-    # CLC: a connection still in its handshake (the benchmark opens its 50 at the start)
-    seen |= set(s['mode'] for s in d if str(s['pid']) in sys.argv[2:] and s['mode'] not in ('SMC', 'CLC'))
-print(sorted(seen))" "$WORK" "$RPID" "$BP" 2>&1)
+    for s in d:
+        # CLC: a connection still in its handshake (the benchmark opens its 50 at the
+        # start); SMC: the listener
+        if s['mode'] in ('SMC', 'CLC'):
+            continue
+        for side, pid in (('server', sys.argv[2]), ('client', sys.argv[3])):
+            if str(s['pid']) == pid:
+                seen[side].add(s['mode'])
+print(' '.join(k + '=' + ','.join(sorted(v)) for k, v in seen.items()))" "$WORK" "$RPID" "${CPID:-none}" 2>&1)
     tr '\r' '\n' < "$WORK/rb.out" | grep -E '^(SET|GET): [0-9.]+ requests per second' > "$WORK/rb.res"
-    if [ "$rc" = 0 ] && [ "$(wc -l < "$WORK/rb.res")" = 2 ] && [ "$modes" = "['SAMEHOST']" ]; then
-      ok "smc run redis-benchmark -t set,get -n $RN → smc run redis-server: done, smc ss saw SAMEHOST only"
+    if [ "$rc" = 0 ] && [ "$(wc -l < "$WORK/rb.res")" = 2 ] && [ "$modes" = "server=SAMEHOST client=SAMEHOST" ]; then
+      ok "smc run redis-benchmark -t set,get -n $RN → smc run redis-server: done, smc ss saw SAMEHOST only (server and client)"
     else fail "redis under smc run (exit $rc, smc ss modes $modes)"; show "$WORK/rb.out" "$WORK/rb.err" "$WORK/redis.log"; fi
     kill "$RPID" 2>/dev/null; wait "$RPID" 2>/dev/null
     RP2=$(free_port)
