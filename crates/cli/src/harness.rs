@@ -14,6 +14,7 @@
 
 use crate::net::{ConnMode, Listener, Net, Stream, StreamOf};
 use crate::payload::{self, Moved, Pattern, CHUNK};
+use crate::workers::Workers;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -67,7 +68,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts serving `listener` on a thread (one more thread per connection).
+    /// Starts serving `listener` on a thread (connections on threads kept for the next
+    /// ones, [`Workers`]).
     pub fn start<L>(listener: L) -> io::Result<Server>
     where
         L: Listener + 'static,
@@ -130,7 +132,9 @@ where
     L: Listener + 'static,
     L::Stream: 'static,
 {
-    let mut workers: Vec<thread::JoinHandle<()>> = Vec::new();
+    // Threads kept from one connection to the next (crate::workers): a connection's
+    // rate is then not a thread's creation.
+    let mut workers = Workers::new("harness-conn");
     loop {
         let (s, _) = match listener.accept() {
             Ok(c) => c,
@@ -152,31 +156,28 @@ where
             break;
         }
         let recs = records.clone();
-        workers.retain(|w| !w.is_finished());
-        match thread::Builder::new()
-            .name("harness-conn".into())
-            .spawn(move || {
-                let mode = s.mode();
-                let mut rec = ServerRecord {
-                    mode,
-                    command: cmd[0],
-                    received: None,
-                    error: None,
-                };
-                if let Err(e) = serve(&s, cmd[0], &mut rec) {
-                    rec.error = Some(e.to_string());
-                }
-                if let Ok(mut r) = recs.lock() {
-                    r.push(rec);
-                }
-            }) {
-            Ok(w) => workers.push(w),
-            Err(e) => tracing::warn!("harness: cannot spawn a connection thread: {e}"),
+        let job = move || {
+            let mode = s.mode();
+            let mut rec = ServerRecord {
+                mode,
+                command: cmd[0],
+                received: None,
+                error: None,
+            };
+            if let Err(e) = serve(&s, cmd[0], &mut rec) {
+                rec.error = Some(e.to_string());
+            }
+            // Closed before the thread takes the next connection.
+            drop(s);
+            if let Ok(mut r) = recs.lock() {
+                r.push(rec);
+            }
+        };
+        if let Err(e) = workers.run(job) {
+            tracing::warn!("harness: cannot start a connection thread: {e}");
         }
     }
-    for w in workers {
-        let _ = w.join();
-    }
+    workers.join();
 }
 
 fn read_u64<S: Stream>(s: &S) -> io::Result<u64> {

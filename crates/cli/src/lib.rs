@@ -29,3 +29,4 @@ pub mod scale;
 pub mod signal;
 pub mod smc_cmd;
 pub mod ueid;
+pub mod workers;
