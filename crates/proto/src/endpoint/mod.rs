@@ -627,8 +627,10 @@ impl Endpoint {
     /// its TCP socket before its last CDC arrives (Linux `smc_shutdown` shuts the TCP
     /// socket at once; a RoCE retransmission can delay the CDC by seconds), so a FIN
     /// without them ends nothing. A peer process that died sends nothing more either:
-    /// its link is probed at once (TEST LINK); if that fails, the link goes down with its
-    /// connections.
+    /// its link is probed (TEST LINK) unless it hears from the peer within
+    /// [`crate::llc::LlcTimers::fin_probe_grace`] (usually the very close flags the FIN
+    /// overtook: most FINs of a live peer then cost no LLC exchange); if the probe fails,
+    /// the link goes down with its connections.
     pub fn conn_tcp_fin(
         &mut self,
         now: Instant,
@@ -645,9 +647,9 @@ impl Endpoint {
         if let Some(l) = self.lgrs.get_mut(&c.lgr).and_then(|g| g.llc.as_mut()) {
             tracing::debug!(
                 token,
-                "peer's TCP FIN before its SMC-R close: probing the link"
+                "peer's TCP FIN before its SMC-R close: the link is probed unless it hears from the peer"
             );
-            l.probe_link(now, c.link);
+            l.probe_link_deferred(now, c.link);
             self.dirty.insert(c.lgr);
         }
         self.settle(now, host);

@@ -28,6 +28,10 @@ pub struct LlcTimers {
     /// Keep an idle link group this long after [`LinkGroup::set_idle`] (Linux: server 600 s,
     /// client 610 s); `None` keeps it.
     pub linger: Option<Duration>,
+    /// A peer's TCP FIN on a connection without its SMC-R close flags yet asks for a TEST
+    /// LINK unless the link hears from the peer within this long
+    /// ([`LinkGroup::probe_link_deferred`]; smc-rs, Linux does not probe).
+    pub fin_probe_grace: Duration,
 }
 
 impl LlcTimers {
@@ -46,6 +50,9 @@ impl LlcTimers {
                 Role::Server => 600,
                 Role::Client => 610,
             })),
+            // The close flags a FIN overtook come within microseconds unless the RNIC
+            // retransmits; a process that died is found this much later.
+            fin_probe_grace: Duration::from_millis(100),
         }
     }
 }

@@ -1,13 +1,13 @@
 //! TEST LINK: the echo (RFC 7609 A.3.8, TL-1/TL-2) and the link keepalive (§4.5.3, B.22;
 //! Linux `smc_llc_testlink_work`).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use smc_wire::llc::{LlcMessage, TestLink};
 
 use tracing::debug;
 
-use super::link::PendingTest;
+use super::link::{PendingProbe, PendingTest};
 use super::{LinkDownReason, LinkGroup, LinkId, Purpose};
 
 /// TEST LINK responses in flight per link at most (see `rx_test_link`).
@@ -55,10 +55,16 @@ impl LinkGroup {
         self.links
             .iter()
             .filter(|l| l.is_active())
-            .filter_map(|l| match (l.test, interval) {
-                (Some(t), _) => Some(t.deadline),
-                (None, Some(iv)) => Some(l.last_rx + iv),
-                (None, None) => None,
+            .filter_map(|l| {
+                let ka = match (l.test, interval) {
+                    (Some(t), _) => Some(t.deadline),
+                    (None, Some(iv)) => Some(l.last_rx + iv),
+                    (None, None) => None,
+                };
+                match (ka, l.probe.map(|p| p.at)) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             })
             .min()
     }
@@ -72,6 +78,7 @@ impl LinkGroup {
             .map(|l| l.id)
             .collect();
         for id in ids {
+            self.probe_timeout(now, id);
             let Some(l) = self.find(id) else { continue };
             match (l.test, interval) {
                 (Some(t), _) if t.deadline <= now => {
@@ -84,22 +91,63 @@ impl LinkGroup {
         }
     }
 
-    /// Checks at once that `link` still reaches the peer (a TEST LINK now, unless one is
-    /// outstanding; no reply within the reply timer → the link fails, KA-3). For signs
-    /// that the peer may be gone although the link looks idle-healthy, e.g. its TCP FIN
-    /// on a connection that carries no SMC-R close flags yet: a peer process that died
-    /// sends nothing more, while a live one may shut its TCP socket before its last CDC
-    /// arrives (Linux `smc_shutdown`), and that must not end the connection.
-    pub fn probe_link(&mut self, now: Instant, link: LinkId) {
+    /// A deferred probe of `id` that is due: dropped if the link heard from the peer
+    /// after the latest sign that asked for it, looked at again `grace` after that sign
+    /// if it is more recent than that, else sent.
+    fn probe_timeout(&mut self, now: Instant, id: LinkId) {
+        let running = matches!(self.term, super::Term::Running);
+        let Some(l) = self.find_mut(id) else { return };
+        let Some(p) = l.probe else { return };
+        if p.at > now {
+            return;
+        }
+        if !running || l.last_rx > p.since {
+            l.probe = None;
+        } else if p.since + p.grace > now {
+            l.probe = Some(PendingProbe {
+                at: p.since + p.grace,
+                ..p
+            });
+        } else {
+            l.probe = None;
+            if l.test.is_none() {
+                debug!(%id, "nothing from the peer since its FIN: TEST LINK");
+                self.send_test(now, id);
+            }
+        }
+    }
+
+    /// Checks that `link` still reaches the peer (a TEST LINK, unless one is
+    /// outstanding; no reply within the reply timer → the link fails, KA-3) unless the
+    /// link hears from the peer within [`super::LlcTimers::fin_probe_grace`] after this
+    /// call. For signs that the peer may be gone although the link looks idle-healthy,
+    /// e.g. its TCP FIN on a connection that carries no SMC-R close flags yet: a peer
+    /// process that died sends nothing more, while a live one may shut its TCP socket
+    /// before its last CDC arrives (Linux `smc_shutdown`), and that must not end the
+    /// connection; usually those close flags arrive within microseconds, and the live
+    /// peer is then not asked at all. Further calls before the look move it to the grace
+    /// after the latest.
+    pub fn probe_link_deferred(&mut self, now: Instant, link: LinkId) {
+        let grace: Duration = self.cfg.timers.fin_probe_grace;
         if !matches!(self.term, super::Term::Running) {
             return;
         }
-        match self.find(link) {
-            Some(l) if l.is_active() && l.test.is_none() => {}
-            _ => return,
+        let Some(l) = self.find_mut(link) else { return };
+        if !l.is_active() {
+            return;
         }
-        self.send_test(now, link);
-        self.pump(now);
+        l.probe = Some(match l.probe {
+            Some(p) => PendingProbe {
+                since: p.since.max(now),
+                grace,
+                at: p.at,
+            },
+            None => PendingProbe {
+                since: now,
+                grace,
+                at: now + grace,
+            },
+        });
     }
 
     fn send_test(&mut self, now: Instant, id: LinkId) {

@@ -61,6 +61,19 @@ pub struct LinkInfo {
     pub asymmetric: bool,
 }
 
+/// A TEST LINK to send unless the link hears from the peer first
+/// ([`super::LinkGroup::probe_link_deferred`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PendingProbe {
+    /// The latest sign that asked for it: anything received after it shows the peer's
+    /// process alive.
+    pub since: Instant,
+    /// How long after such a sign to look.
+    pub grace: std::time::Duration,
+    /// When to look next.
+    pub at: Instant,
+}
+
 /// A TEST LINK we sent and wait for (RFC 7609 A.3.8).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PendingTest {
@@ -82,6 +95,7 @@ pub(super) struct Link {
     /// Last time something was received on the link (keepalive, §4.5.3).
     pub last_rx: Instant,
     pub test: Option<PendingTest>,
+    pub probe: Option<PendingProbe>,
     /// Client: we sent DELETE LINK for this link; server commands arriving on it are
     /// crossing messages and ignored (C.7.1, CHECKLIST B.16).
     pub client_deleting: bool,
@@ -105,6 +119,7 @@ impl Link {
             last_rx: now,
             echoes: 0,
             test: None,
+            probe: None,
             client_deleting: false,
         }
     }

@@ -199,6 +199,80 @@ fn tc_ka_02_active_link_no_probe() {
     assert_eq!(sim.sent(CLIENT, LlcType::TestLink).len(), 0);
 }
 
+/// A peer's FIN without its close flags (Endpoint::conn_tcp_fin): the link is probed
+/// only if it hears nothing from the peer within `fin_probe_grace` after the latest such
+/// FIN; a live peer's traffic in between spares the TEST LINK, a dead peer's link
+/// fails after the grace and the reply timer.
+#[test]
+fn deferred_probe_waits_for_a_sign_of_life() {
+    let grace = LlcTimers::linux(Role::Server).fin_probe_grace;
+    // Traffic within the grace: no TEST LINK.
+    let mut sim = pair(v2_pair(), 1, 76);
+    sim.with(SERVER, |x, now| {
+        x.lg.probe_link_deferred(now, LinkId::FIRST)
+    });
+    sim.run_for(grace / 2);
+    sim.with(SERVER, |x, now| x.lg.on_link_activity(now, LinkId::FIRST));
+    sim.run_for(grace * 3);
+    assert_eq!(
+        sim.sent(SERVER, LlcType::TestLink).len(),
+        0,
+        "{}",
+        sim.dump()
+    );
+
+    // A second FIN after the traffic: the peer is looked at again, a grace after it.
+    sim.with(SERVER, |x, now| {
+        x.lg.probe_link_deferred(now, LinkId::FIRST)
+    });
+    sim.run_for(grace / 2);
+    assert_eq!(sim.sent(SERVER, LlcType::TestLink).len(), 0);
+    sim.run_for(grace);
+    assert_eq!(
+        sim.sent(SERVER, LlcType::TestLink).len(),
+        1,
+        "{}",
+        sim.dump()
+    );
+    settle(&mut sim);
+    assert_eq!(
+        link_down(&sim, SERVER, LinkId::FIRST),
+        None,
+        "a live peer answers"
+    );
+
+    // FINs keep coming, nothing else does: one probe, a grace after the latest FIN.
+    let mut sim = pair(v2_pair(), 1, 77);
+    for _ in 0..3 {
+        sim.with(SERVER, |x, now| {
+            x.lg.probe_link_deferred(now, LinkId::FIRST)
+        });
+        sim.run_for(grace * 3 / 4);
+    }
+    assert_eq!(sim.sent(SERVER, LlcType::TestLink).len(), 0);
+    sim.run_for(grace / 2);
+    assert_eq!(
+        sim.sent(SERVER, LlcType::TestLink).len(),
+        1,
+        "{}",
+        sim.dump()
+    );
+
+    // A dead peer: nothing answers; the link fails by the reply timer.
+    let mut sim = pair(v2_pair(), 1, 78);
+    swallow(&mut sim, |w| w.from == CLIENT);
+    sim.with(SERVER, |x, now| {
+        x.lg.probe_link_deferred(now, LinkId::FIRST)
+    });
+    sim.run_for(grace + LlcTimers::linux(Role::Server).reply + Duration::from_millis(50));
+    assert_eq!(
+        link_down(&sim, SERVER, LinkId::FIRST),
+        Some(LinkDownReason::TestLinkTimeout),
+        "{}",
+        sim.dump()
+    );
+}
+
 /// TC-LLC-24 (§2.3, FO-9): a CONFIRM RKEY interrupted by its link's failure is not
 /// replayed on the other link; it is started again, as a new exchange naming the links
 /// that remain, once the link is deleted.
