@@ -1,7 +1,7 @@
 //! TEST LINK: the echo (RFC 7609 A.3.8, TL-1/TL-2) and the link keepalive (§4.5.3, B.22;
 //! Linux `smc_llc_testlink_work`).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use smc_wire::llc::{LlcMessage, TestLink};
 
@@ -61,10 +61,7 @@ impl LinkGroup {
                     (None, Some(iv)) => Some(l.last_rx + iv),
                     (None, None) => None,
                 };
-                match (ka, l.probe.map(|p| p.at)) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                [ka, l.probe.map(|p| p.at)].into_iter().flatten().min()
             })
             .min()
     }
@@ -92,9 +89,10 @@ impl LinkGroup {
     }
 
     /// A deferred probe of `id` that is due: dropped if the link heard from the peer
-    /// after the latest sign that asked for it, looked at again `grace` after that sign
+    /// after the latest sign that asked for it, looked at again the grace after that sign
     /// if it is more recent than that, else sent.
     fn probe_timeout(&mut self, now: Instant, id: LinkId) {
+        let grace = self.cfg.timers.fin_probe_grace;
         let running = matches!(self.term, super::Term::Running);
         let Some(l) = self.find_mut(id) else { return };
         let Some(p) = l.probe else { return };
@@ -103,9 +101,9 @@ impl LinkGroup {
         }
         if !running || l.last_rx > p.since {
             l.probe = None;
-        } else if p.since + p.grace > now {
+        } else if p.since + grace > now {
             l.probe = Some(PendingProbe {
-                at: p.since + p.grace,
+                at: p.since + grace,
                 ..p
             });
         } else {
@@ -128,7 +126,7 @@ impl LinkGroup {
     /// peer is then not asked at all. Further calls before the look move it to the grace
     /// after the latest.
     pub fn probe_link_deferred(&mut self, now: Instant, link: LinkId) {
-        let grace: Duration = self.cfg.timers.fin_probe_grace;
+        let grace = self.cfg.timers.fin_probe_grace;
         if !matches!(self.term, super::Term::Running) {
             return;
         }
@@ -139,12 +137,10 @@ impl LinkGroup {
         l.probe = Some(match l.probe {
             Some(p) => PendingProbe {
                 since: p.since.max(now),
-                grace,
                 at: p.at,
             },
             None => PendingProbe {
                 since: now,
-                grace,
                 at: now + grace,
             },
         });

@@ -68,8 +68,6 @@ pub(super) struct PendingProbe {
     /// The latest sign that asked for it: anything received after it shows the peer's
     /// process alive.
     pub since: Instant,
-    /// How long after such a sign to look.
-    pub grace: std::time::Duration,
     /// When to look next.
     pub at: Instant,
 }
