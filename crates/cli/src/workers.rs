@@ -87,7 +87,8 @@ impl Workers {
     }
 
     /// Threads started so far.
-    pub fn threads(&self) -> usize {
+    #[cfg(test)]
+    fn threads(&self) -> usize {
         self.threads.len()
     }
 
