@@ -148,6 +148,9 @@ impl PdOps for PdInner {
         // verbs rule, `PdOps::reg_mr`: an RToken must not reveal our address-space
         // layout). Local SGEs name it in the same space (`Mr::sge`). A libibverbs
         // without `ibv_reg_mr_iova2` can only register at the process address.
+        // The NIC writes the bytes by DMA from now on, not through RdmaBuffer's methods:
+        // a reused RMB must be zeroed whole (RdmaBuffer::zero_written).
+        buf.mark_untracked();
         let start = buf.as_ptr().wrapping_add(offset);
         let (mr, addr) = match self.ctx.api.reg_mr_iova2 {
             Some(reg) => {

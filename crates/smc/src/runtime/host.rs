@@ -326,7 +326,9 @@ impl Host for HostCtx<'_> {
 
     fn clear_rmb(&mut self, lgr: LgrId, rmb: llc::RmbId) {
         if let Some(r) = self.st.rmbs.get(&(lgr, rmb.0)) {
-            r.buf.fill(0, r.buf.len(), 0);
+            // All of it zero again, at the cost of what the last connection wrote
+            // (RdmaBuffer::zero_written; the whole buffer if a NIC writes it).
+            r.buf.zero_written();
         }
     }
 
