@@ -23,6 +23,7 @@ use tracing::debug;
 use crate::clc::FallbackReason;
 use crate::conn::{ConnError, OobError};
 use crate::endpoint::BufSizes;
+use crate::runtime::cond::Cond;
 use crate::runtime::conn::ConnState;
 use crate::runtime::{
     register_client, register_listener, ConnShared, ConnectSlot, Established, Inbox, Inner,
@@ -201,7 +202,7 @@ impl SmcHandle {
         }
     }
 
-    fn cond(&self, dir: Dir) -> &std::sync::Condvar {
+    fn cond(&self, dir: Dir) -> &Cond {
         match dir {
             Dir::Read => &self.conn.rx_cond,
             Dir::Write => &self.conn.tx_cond,
@@ -304,16 +305,13 @@ impl SmcHandle {
         };
         match wait {
             Wait::Never => Err(ErrorKind::WouldBlock.into()),
-            Wait::Until(None) => Ok(cond.wait(st).unwrap_or_else(|p| p.into_inner())),
+            Wait::Until(None) => Ok(cond.wait(st)),
             Wait::Until(Some(d)) => {
                 let now = Instant::now();
                 if now >= d {
                     return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
                 }
-                let (g, _) = cond
-                    .wait_timeout(st, d - now)
-                    .unwrap_or_else(|p| p.into_inner());
-                Ok(g)
+                Ok(cond.wait_timeout(st, d - now).0)
             }
         }
     }
@@ -559,11 +557,7 @@ fn rendezvous_on(
                 "SMC-R rendezvous did not finish in time",
             ));
         }
-        g = slot
-            .cond
-            .wait_timeout(g, limit - now)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+        g = slot.cond.wait_timeout(g, limit - now).0;
     }
 }
 
@@ -991,12 +985,7 @@ impl SmcListener {
             if self.shared.nonblocking.load(Ordering::SeqCst) {
                 return Err(ErrorKind::WouldBlock.into());
             }
-            q = self
-                .shared
-                .cond
-                .wait_timeout(q, Duration::from_secs(1))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            q = self.shared.cond.wait_timeout(q, Duration::from_secs(1)).0;
         }
     }
 

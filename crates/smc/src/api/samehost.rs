@@ -109,12 +109,8 @@ impl SmcHandle {
         let Some(me) = SLEEPER.with(|s| s.clone()) else {
             // No eventfd for this thread (out of descriptors): the condition variable.
             return Ok(match timeout {
-                Some(t) => self
-                    .cond(dir)
-                    .wait_timeout(st, t)
-                    .map(|x| x.0)
-                    .unwrap_or_else(|p| p.into_inner().0),
-                None => self.cond(dir).wait(st).unwrap_or_else(|p| p.into_inner()),
+                Some(t) => self.cond(dir).wait_timeout(st, t).0,
+                None => self.cond(dir).wait(st),
             });
         };
         let seq_of = self.seq(dir);

@@ -10,13 +10,14 @@
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use smc_verbs::{DriveWaker, Mr, RdmaBuffer};
 use tracing::{debug, warn};
 
+use super::cond::Cond;
 use super::link::{wr_cdc, LinkRes, SlotWaiter, TX_SLOTS};
 use super::shm::{ShmPath, ShmRings};
 use super::{Inbox, Inner};
@@ -149,10 +150,10 @@ pub(crate) struct ConnShared {
     pub first_contact: bool,
     pub state: Mutex<ConnState>,
     /// Blocked readers wait here (data, urgent data, the peer's end, an error) ...
-    pub rx_cond: Condvar,
+    pub rx_cond: Cond,
     /// ... and blocked writers here (send buffer space, the peer's end, an error): an
     /// ACK or a consumer-cursor update that frees send space wakes no reader (issue 15).
-    pub tx_cond: Condvar,
+    pub tx_cond: Cond,
     pub bytes_sent: AtomicU64,
     /// Of `bytes_sent`, those the writer put straight into the peer's mapped RMB
     /// (same-host, `Conn::tx_place_space`).
@@ -192,8 +193,8 @@ impl ConnShared {
             version: p.version,
             first_contact: p.first_contact,
             state: Mutex::new(p.state),
-            rx_cond: Condvar::new(),
-            tx_cond: Condvar::new(),
+            rx_cond: Cond::new(),
+            tx_cond: Cond::new(),
             bytes_sent: Default::default(),
             bytes_placed: Default::default(),
             bytes_received: Default::default(),

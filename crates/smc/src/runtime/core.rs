@@ -15,7 +15,7 @@ use std::io::{self, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::event::epoll;
@@ -23,6 +23,7 @@ use smc_verbs::netdev::PathState;
 use smc_verbs::{AccessFlags, RdmaBuffer};
 use tracing::{debug, info, trace, warn};
 
+use super::cond::Cond;
 use super::conn::{ConnParts, ConnShared, ConnState, Kind, Path, RdmaPath};
 use super::host::{HostCtx, HostState, SAME_HOST_LGR};
 use super::link::LinkRes;
@@ -319,17 +320,29 @@ impl Core {
     }
 
     /// A finished rendezvous: create the connection, or hand over the TCP socket.
-    fn finish(&mut self, inner: &Arc<Inner>, tcp: TcpId, outcome: RendezvousOutcome) {
-        let Some(mut r) = self.rdvs.remove(&tcp) else {
+    fn finish(&mut self, inner: &Arc<Inner>, id: TcpId, outcome: RendezvousOutcome) {
+        let Some(mut r) = self.rdvs.remove(&id) else {
             return;
         };
         flush_out(&mut r);
+        // The socket itself goes to the connection (or back to the application), not a
+        // duplicate: two system calls less per connection (issue 15). Whatever is left
+        // here at the end (a failure) is reset.
+        let RdvIo {
+            tcp,
+            local,
+            peer,
+            origin,
+            same_host_nonce,
+            ..
+        } = r;
+        let mut tcp = Some(tcp);
         // The same-host memory of this rendezvous, if any: used below, or given back.
-        let mut shm = match r.same_host_nonce {
+        let mut shm = match same_host_nonce {
             Some(n) => inner.same_host.as_ref().and_then(|s| s.take(n)),
             None => None,
         };
-        let mut server_shm = self.host.same_host_ready.remove(&tcp);
+        let mut server_shm = self.host.same_host_ready.remove(&id);
         let result: io::Result<Established> = match outcome {
             RendezvousOutcome::SameHost(est) => {
                 let setup = match est.role {
@@ -338,41 +351,43 @@ impl Core {
                 };
                 match setup
                     .ok_or_else(|| io::Error::other("same-host memory vanished"))
-                    .and_then(|s| self.create_shm_conn(inner, &r, s))
+                    .and_then(|s| self.create_shm_conn(inner, &mut tcp, local, peer, s))
                 {
                     Ok(c) => Ok(Established::Smc(c)),
                     Err(e) => {
-                        warn!(peer = %r.peer, error = %e, "cannot set up the same-host connection");
-                        if let Ok(t) = r.tcp.try_clone() {
+                        warn!(%peer, error = %e, "cannot set up the same-host connection");
+                        if let Some(t) = tcp.take() {
                             sys::reset_tcp(t);
                         }
                         Err(e)
                     }
                 }
             }
-            RendezvousOutcome::Smc(nc) => match self.create_conn(inner, &r, &nc) {
-                Ok(c) => Ok(Established::Smc(c)),
-                Err(e) => {
-                    // Local failure after the point of no return: give back what the
-                    // rendezvous allocated and reset the TCP connection (RFC 7609 C.1).
-                    warn!(peer = %r.peer, error = %e, "cannot set up the connection");
-                    let now = Instant::now();
-                    self.ep(inner, |ep, h| ep.conn_setup_failed(now, h, nc.token));
-                    if let Ok(t) = r.tcp.try_clone() {
-                        sys::reset_tcp(t);
+            RendezvousOutcome::Smc(nc) => {
+                match self.create_conn(inner, &mut tcp, local, peer, &nc) {
+                    Ok(c) => Ok(Established::Smc(c)),
+                    Err(e) => {
+                        // Local failure after the point of no return: give back what the
+                        // rendezvous allocated and reset the TCP connection (RFC 7609 C.1).
+                        warn!(%peer, error = %e, "cannot set up the connection");
+                        let now = Instant::now();
+                        self.ep(inner, |ep, h| ep.conn_setup_failed(now, h, nc.token));
+                        if let Some(t) = tcp.take() {
+                            sys::reset_tcp(t);
+                        }
+                        Err(e)
                     }
-                    Err(e)
                 }
-            },
-            RendezvousOutcome::Fallback(reason) => r
-                .tcp
-                .try_clone()
+            }
+            RendezvousOutcome::Fallback(reason) => tcp
+                .take()
+                .ok_or_else(|| io::Error::other("rendezvous socket gone"))
                 .and_then(|t| {
                     t.set_nonblocking(false)?;
                     Ok(t)
                 })
                 .map(|t| {
-                    let role = match r.origin {
+                    let role = match origin {
                         Origin::Connect(_) => "client",
                         _ => "server",
                     };
@@ -380,7 +395,7 @@ impl Core {
                     Established::Fallback(t, reason)
                 }),
             RendezvousOutcome::Reset(reason) => {
-                if let Ok(t) = r.tcp.try_clone() {
+                if let Some(t) = tcp.take() {
                     sys::reset_tcp(t);
                 }
                 Err(io::Error::new(
@@ -395,11 +410,11 @@ impl Core {
         if let Some(s) = server_shm {
             release_token(inner, s.local_token);
         }
-        match &r.origin {
+        match &origin {
             Origin::Connect(slot) => slot.complete(result),
             Origin::Accept(l) => match result {
-                Ok(e) => l.push(e, r.peer),
-                Err(e) => debug!(peer = %r.peer, error = %e, "accepted connection dropped"),
+                Ok(e) => l.push(e, peer),
+                Err(e) => debug!(%peer, error = %e, "accepted connection dropped"),
             },
         }
     }
@@ -408,7 +423,9 @@ impl Core {
     fn create_shm_conn(
         &mut self,
         inner: &Arc<Inner>,
-        r: &RdvIo,
+        tcp: &mut Option<TcpStream>,
+        local: SocketAddr,
+        peer: SocketAddr,
         setup: super::shm::ShmSetup,
     ) -> io::Result<Arc<ConnShared>> {
         let token = setup.local_token;
@@ -422,23 +439,19 @@ impl Core {
             }
         };
         let made = (|| -> io::Result<Arc<ConnShared>> {
-            // The idle TCP connection carries the FIN and RST (a failed clone would close
-            // it under the peer, which would take that for our death).
-            let parts = sys::clone_in_place(&r.tcp).and_then(|tcp| {
-                let sndbuf = match self.shm_sndbufs.pop() {
-                    Some(b) => b,
-                    None => smc_verbs::RdmaBuffer::new(inner.cfg.sndbuf_size)?,
-                };
-                Ok((tcp, sndbuf))
-            });
-            let (tcp, sndbuf) = match parts {
-                Ok(x) => x,
-                Err(e) => {
-                    give_back(setup.rx);
-                    return Err(e);
-                }
+            // The idle TCP connection carries the FIN and RST (moved in by new_conn only
+            // once nothing can fail: else the caller resets it).
+            let sndbuf = match self.shm_sndbufs.pop() {
+                Some(b) => b,
+                None => match smc_verbs::RdmaBuffer::new(inner.cfg.sndbuf_size) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        give_back(setup.rx);
+                        return Err(e);
+                    }
+                },
             };
-            let shared = super::shm::new_conn(inner, r.local, r.peer, tcp, setup, sndbuf)?;
+            let shared = super::shm::new_conn(inner, local, peer, tcp, setup, sndbuf)?;
             let st = shared.lock();
             if let Some(tcp) = &st.tcp {
                 // Watched like an SMC-R connection's (RFC 7609 §4.8: FIN and RST).
@@ -470,7 +483,9 @@ impl Core {
     fn create_conn(
         &mut self,
         inner: &Arc<Inner>,
-        r: &RdvIo,
+        tcp_slot: &mut Option<TcpStream>,
+        local: SocketAddr,
+        peer: SocketAddr,
         nc: &NewConn,
     ) -> io::Result<Arc<ConnShared>> {
         let err = |m: &str| io::Error::new(ErrorKind::ConnectionReset, m.to_string());
@@ -508,21 +523,27 @@ impl Core {
             }
         };
         let conn = Conn::new(nc.params, cfg.conn.clone()).map_err(|e| err(&e.to_string()))?;
-        let tcp = sys::clone_in_place(&r.tcp)?;
-        epoll::add(
+        let tcp = tcp_slot
+            .take()
+            .ok_or_else(|| err("rendezvous socket gone"))?;
+        if let Err(e) = epoll::add(
             &self.epoll,
             &tcp,
             epoll::EventData::new_u64(u64::from(nc.token)),
             epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
-        )?;
+        ) {
+            // Back to the caller, which resets it.
+            *tcp_slot = Some(tcp);
+            return Err(e.into());
+        }
         let shared = ConnShared::new(
             ConnParts {
                 token: nc.token,
                 kind: Kind::SmcR(nc.lgr),
                 rmb,
                 sndbuf,
-                local: r.local,
-                peer: r.peer,
+                local,
+                peer,
                 version: nc.version,
                 first_contact: nc.contact.is_first(),
                 state: ConnState::new(
@@ -1154,7 +1175,7 @@ pub(crate) fn register_listener(
         sock,
         local,
         queue: Mutex::new(std::collections::VecDeque::new()),
-        cond: Condvar::new(),
+        cond: Cond::new(),
         closed: Default::default(),
         nonblocking: Default::default(),
         waker: Mutex::new(None),
@@ -1275,7 +1296,12 @@ pub(crate) fn run(inner: Arc<Inner>) {
         }
         let now = Instant::now();
         let mut core = inner.lock_core();
-        inner.efd.drain();
+        // Only when it rang (`fds[0]`): a read of a quiet eventfd is a system call for
+        // nothing, one per loop. A ring after poll returned keeps it readable, so the
+        // next poll returns at once; the inbox is taken below either way.
+        if fds[0].revents != 0 {
+            inner.efd.drain();
+        }
         if let Ok(mut i) = inner.inbox.lock() {
             // Swapped, not taken: both vectors keep their capacity.
             std::mem::swap(&mut *i, &mut msgs);

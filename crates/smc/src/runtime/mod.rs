@@ -10,6 +10,7 @@
 //! path does not go through it: application threads post RDMA WRITE + CDC themselves and
 //! the provider's completion thread processes received CDCs (`conn.rs`, `link.rs`).
 
+pub(crate) mod cond;
 pub(crate) mod conn;
 mod core;
 mod host;
@@ -25,12 +26,13 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::tcp_option::{SkipOptionPolicy, TcpOption};
+use cond::Cond;
 use smc_verbs::Provider;
 use smc_wire::common::{Mac, PeerId};
 use tracing::{debug, trace, warn};
@@ -550,7 +552,7 @@ pub(crate) enum Established {
 #[derive(Default)]
 pub(crate) struct ConnectSlot {
     pub result: Mutex<Option<io::Result<Established>>>,
-    pub cond: Condvar,
+    pub cond: Cond,
     /// The caller gave up (connect timeout): a late result is closed, not kept.
     pub abandoned: AtomicBool,
 }
@@ -593,7 +595,7 @@ pub(crate) struct ListenerShared {
     pub sock: TcpListener,
     pub local: SocketAddr,
     pub queue: Mutex<VecDeque<(Established, SocketAddr)>>,
-    pub cond: Condvar,
+    pub cond: Cond,
     pub closed: AtomicBool,
     pub nonblocking: AtomicBool,
     pub waker: Mutex<Option<Waker>>,

@@ -109,21 +109,6 @@ pub(crate) fn bind_no_port(sock: &socket2::Socket, ip: IpAddr) -> std::io::Resul
     sock.bind(&std::net::SocketAddr::new(ip, 0).into())
 }
 
-/// A duplicate of `tcp` numbered at or above its own descriptor (`F_DUPFD_CLOEXEC`
-/// from that number) rather than at the lowest free one: a caller that put its socket
-/// out of the application's way (the `smc run` library places its descriptors above
-/// the program's, whose tables expect one low descriptor per TCP connection) keeps it
-/// there. No free number up there (the descriptor limit): the lowest free one.
-pub(crate) fn clone_in_place(tcp: &TcpStream) -> std::io::Result<TcpStream> {
-    use std::os::fd::AsFd;
-    let fd = tcp.as_fd();
-    let from = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    match rustix::io::fcntl_dupfd_cloexec(fd, from) {
-        Ok(d) => Ok(TcpStream::from(d)),
-        Err(_) => tcp.try_clone(),
-    }
-}
-
 /// Open file descriptors of this process (for leak accounting in [`super::Stats`]).
 pub(crate) fn count_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")

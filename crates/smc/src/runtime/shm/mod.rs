@@ -981,7 +981,9 @@ pub(crate) fn new_conn(
     inner: &Arc<super::Inner>,
     local: std::net::SocketAddr,
     peer: std::net::SocketAddr,
-    tcp: std::net::TcpStream,
+    // Taken only once nothing else can fail: on an error the caller still has it (to
+    // reset the peer's TCP connection).
+    tcp: &mut Option<std::net::TcpStream>,
     setup: ShmSetup,
     sndbuf: Arc<RdmaBuffer>,
 ) -> io::Result<Arc<super::conn::ConnShared>> {
@@ -1017,7 +1019,7 @@ pub(crate) fn new_conn(
             peer,
             version: 2,
             first_contact: false,
-            state: ConnState::new(conn, ConnPath::Shm(rings), Some(tcp)),
+            state: ConnState::new(conn, ConnPath::Shm(rings), tcp.take()),
         },
         inner,
     );
