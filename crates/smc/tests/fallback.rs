@@ -147,6 +147,40 @@ fn peer_decline_falls_back_with_the_reason() {
     echo_check(&s);
 }
 
+/// The connecting thread reads the server's reply itself for a while
+/// (`drive_client_rendezvous`), then hands the rendezvous to the event thread: a reply
+/// that comes after that is still taken, once.
+#[test]
+fn a_late_reply_is_taken_after_the_hand_over() {
+    let cli = client_only(|_| {});
+    let addr = scripted_server(|mut s| {
+        let _ = read_clc(&mut s);
+        std::thread::sleep(Duration::from_millis(400));
+        let d = ClcMessage::Decline(DeclineRepr {
+            eyecatcher: Eyecatcher::Smcr,
+            version: 1,
+            out_of_sync: false,
+            peer_id: PeerId::default(),
+            diagnosis: DeclineCode::NOSMCRDEV,
+            os_type: 0,
+            diagnosis_v2: None,
+        });
+        s.write_all(&d.to_vec().unwrap()).unwrap();
+        let mut b = [0u8; 25];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b).unwrap();
+        let _ = s.read(&mut b);
+    });
+    let t0 = Instant::now();
+    let s = SmcStream::connect_with(&cli, addr).unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(400));
+    let Mode::Fallback { reason } = s.mode() else {
+        panic!("expected fallback, got {}", s.mode())
+    };
+    assert_eq!(reason.peer, Some(DeclineCode::NOSMCRDEV));
+    echo_check(&s);
+}
+
 #[test]
 fn garbage_clc_resets_the_connection() {
     let cli = client_only(|_| {});

@@ -26,8 +26,8 @@ use crate::endpoint::BufSizes;
 use crate::runtime::cond::Cond;
 use crate::runtime::conn::ConnState;
 use crate::runtime::{
-    register_client, register_listener, ConnShared, ConnectSlot, Established, Inbox, Inner,
-    LinkGroupId, ListenerShared, Stack,
+    drive_client_rendezvous, register_client, register_listener, ConnShared, ConnectSlot,
+    Established, Inbox, Inner, LinkGroupId, ListenerShared, Stack,
 };
 
 /// How a stream carries its data.
@@ -535,13 +535,19 @@ fn rendezvous_on(
     bufs: BufSizes,
 ) -> io::Result<Established> {
     let _ = tcp.set_nodelay(true);
-    let slot = Arc::new(ConnectSlot::default());
-    register_client(stack, tcp, slot.clone(), bufs)?;
+    // This thread reads the server's replies itself when it has a waker to be woken
+    // by (core::drive_client_rendezvous), else the event thread does.
+    let waker = DriveWaker::current();
+    let slot = Arc::new(ConnectSlot::new(waker.clone()));
+    let id = register_client(stack, tcp, slot.clone(), bufs, waker.is_some())?;
     // The machines bound every wait (ClcConfig::max_rendezvous_time); the margin only
     // protects against a stopped stack. A connect timeout bounds the whole connect.
     let mut limit = Instant::now() + stack.clc.max_rendezvous_time() + Duration::from_secs(5);
     if let Some(d) = deadline {
         limit = limit.min(d);
+    }
+    if let Some(w) = &waker {
+        drive_client_rendezvous(stack, id, &slot, w, limit);
     }
     let mut g = slot.result.lock().unwrap_or_else(|p| p.into_inner());
     loop {

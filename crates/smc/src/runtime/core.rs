@@ -87,6 +87,10 @@ pub(crate) struct Core {
     /// `rmb_cache`): a fresh one is an `mmap`, page faults as it fills and an `munmap`
     /// (a TLB shootdown on every CPU the process runs on) per connection.
     shm_sndbufs: Vec<Arc<smc_verbs::RdmaBuffer>>,
+    /// When the event thread's poll times out at the latest (set before each poll): a
+    /// thread that made an earlier deadline while it slept wakes it
+    /// ([`Core::wake_if_sooner`]).
+    sleep_until: Option<Instant>,
 }
 
 impl Core {
@@ -108,6 +112,7 @@ impl Core {
             reap_check: Vec::new(),
             shm_conns: BTreeMap::new(),
             shm_sndbufs: Vec::new(),
+            sleep_until: None,
         })
     }
 
@@ -170,7 +175,7 @@ impl Core {
         elig: Eligibility,
         origin: Origin,
         bufs: BufSizes,
-    ) {
+    ) -> TcpId {
         let dev = if matches!(elig, Eligibility::NotEligible { .. }) {
             None
         } else {
@@ -224,6 +229,7 @@ impl Core {
                 ep.accept(now, h, id, l, p, route, elig, d, bufs)
             });
         }
+        id
     }
 
     // -----------------------------------------------------------------------------------
@@ -786,6 +792,16 @@ impl Core {
         }
     }
 
+    /// Wakes the event thread if something made a deadline earlier than the one it
+    /// sleeps towards (a thread other than the event thread ran the endpoint).
+    fn wake_if_sooner(&self, inner: &Inner) {
+        if let Some(d) = self.next_deadline(inner) {
+            if self.sleep_until.is_none_or(|s| d < s) {
+                inner.wake();
+            }
+        }
+    }
+
     fn next_deadline(&self, inner: &Inner) -> Option<Instant> {
         [
             self.ep.poll_timeout(),
@@ -1141,7 +1157,8 @@ pub(crate) fn register_client(
     tcp: TcpStream,
     slot: Arc<ConnectSlot>,
     bufs: BufSizes,
-) -> io::Result<()> {
+    self_driven: bool,
+) -> io::Result<TcpId> {
     let local = tcp.local_addr()?;
     let peer = tcp.peer_addr()?;
     // The allow/deny lists first (crate::policy): a kept-TCP connection sends nothing.
@@ -1153,10 +1170,89 @@ pub(crate) fn register_client(
     let mut core = inner.lock_core();
     // The Proposal (or a not-eligible connection's end) goes out right here: one thread
     // hop less per connection.
-    core.start_rendezvous(inner, tcp, local, peer, elig, Origin::Connect(slot), bufs);
-    drop(core);
-    inner.wake();
-    Ok(())
+    let id = core.start_rendezvous(inner, tcp, local, peer, elig, Origin::Connect(slot), bufs);
+    if self_driven && core.rdvs.contains_key(&id) {
+        // The caller reads the reply itself (drive_client_rendezvous), and hands over
+        // if it waits long: the event thread need not look at this socket or at the
+        // rendezvous's timers (seconds away) before then.
+        core.wake_if_sooner(inner);
+    } else {
+        drop(core);
+        inner.wake();
+    }
+    Ok(id)
+}
+
+/// How long a client's thread waits for the server's next CLC message itself before it
+/// hands the rendezvous to the event thread (whose poll then also watches the timers).
+const SELF_DRIVE: Duration = Duration::from_millis(100);
+
+/// The connecting thread takes the server's CLC replies off its socket and runs the
+/// rendezvous on them itself, under the core's lock, as the event thread would: the
+/// reply of a subsequent contact then finishes the connection on the thread that waits
+/// for it, without two thread hand-offs (issue 15: about one in seven of a connection's
+/// context switches). Returns once the rendezvous is done, waits for something other
+/// than bytes on the socket (a first contact's CONFIRM LINK), or nothing came within
+/// [`SELF_DRIVE`] or by `limit`: the event thread is then woken to take over. The event
+/// thread may take the reply itself meanwhile (it polls every rendezvous socket when it
+/// runs): whoever holds the lock first reads it, and `slot`'s completion wakes `waker`.
+pub(crate) fn drive_client_rendezvous(
+    inner: &Arc<Inner>,
+    id: TcpId,
+    slot: &ConnectSlot,
+    waker: &smc_verbs::DriveWaker,
+    limit: Instant,
+) {
+    let mut buf = [0u8; 4096];
+    loop {
+        if slot.is_complete() {
+            return;
+        }
+        let fd = {
+            let mut core = inner.lock_core();
+            let wanted = core.ep.bytes_wanted(id);
+            let Some(r) = core.rdvs.get_mut(&id) else {
+                return;
+            };
+            if !r.out.is_empty() {
+                flush_out(r);
+            }
+            if !r.out.is_empty() || wanted == 0 {
+                break;
+            }
+            r.tcp.as_raw_fd()
+        };
+        let wait = limit
+            .saturating_duration_since(Instant::now())
+            .min(SELF_DRIVE);
+        if wait.is_zero() {
+            break;
+        }
+        // The socket may be closed once the lock is dropped (the event thread finished
+        // the rendezvous): its number is only polled, never read, and that finish
+        // completes `slot`, which rings `waker`.
+        let mut fds = [
+            pfd(fd, libc::POLLIN),
+            pfd(waker.fd().as_raw_fd(), libc::POLLIN),
+        ];
+        let ms = wait.as_micros().div_ceil(1000) as i32;
+        // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if rc == 0 {
+            break;
+        }
+        if fds[1].revents != 0 {
+            waker.clear();
+        }
+        if fds[0].revents != 0 {
+            let mut core = inner.lock_core();
+            core.on_rdv_io(inner, id, Instant::now(), &mut buf);
+            core.wake_if_sooner(inner);
+        }
+    }
+    if inner.lock_core().rdvs.contains_key(&id) {
+        inner.wake();
+    }
 }
 
 /// A listening socket the event thread accepts on.
@@ -1226,7 +1322,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         what.clear();
         let mut bell_skipped = false;
         let timeout = {
-            let core = inner.lock_core();
+            let mut core = inner.lock_core();
             fds.push(pfd(inner.efd.fd(), libc::POLLIN));
             what.push(Fd::Wake);
             if let Some(m) = &inner.netmon {
@@ -1275,14 +1371,17 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 }
             }
             let now = Instant::now();
-            core.next_deadline(&inner)
+            let timeout = core
+                .next_deadline(&inner)
                 .map(|d| d.saturating_duration_since(now))
                 .unwrap_or(MAX_SLEEP)
                 .min(if bell_skipped {
                     BELL_RECHECK
                 } else {
                     MAX_SLEEP
-                })
+                });
+            core.sleep_until = Some(now + timeout);
+            timeout
         };
         let ms = timeout.as_micros().div_ceil(1000) as i32;
         // SAFETY: `fds` is a valid array of pollfd for the duration of the call.

@@ -555,9 +555,26 @@ pub(crate) struct ConnectSlot {
     pub cond: Cond,
     /// The caller gave up (connect timeout): a late result is closed, not kept.
     pub abandoned: AtomicBool,
+    /// Set once `result` is (for a look without the lock).
+    done: AtomicBool,
+    /// The waiting thread's, while it polls the rendezvous socket itself
+    /// (`core::drive_client_rendezvous`).
+    waker: Option<smc_verbs::DriveWaker>,
 }
 
 impl ConnectSlot {
+    /// A slot whose waiter also sleeps on `waker`'s descriptor.
+    pub(crate) fn new(waker: Option<smc_verbs::DriveWaker>) -> ConnectSlot {
+        ConnectSlot {
+            waker,
+            ..ConnectSlot::default()
+        }
+    }
+
+    pub(crate) fn is_complete(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
     pub(crate) fn complete(&self, r: io::Result<Established>) {
         if let Ok(mut g) = self.result.lock() {
             if self.abandoned.load(Ordering::SeqCst) {
@@ -567,8 +584,13 @@ impl ConnectSlot {
                 return;
             }
             *g = Some(r);
+            self.done.store(true, Ordering::Release);
         }
         self.cond.notify_all();
+        if let Some(w) = &self.waker {
+            // A no-op on the waiting thread itself (it completed the rendezvous).
+            w.wake();
+        }
     }
 }
 
@@ -964,7 +986,7 @@ impl Drop for Stack {
     }
 }
 
-pub(crate) use self::core::{register_client, register_listener};
+pub(crate) use self::core::{drive_client_rendezvous, register_client, register_listener};
 pub(crate) use self::sys::bind_no_port;
 
 #[cfg(test)]
