@@ -26,8 +26,8 @@ use crate::endpoint::BufSizes;
 use crate::runtime::cond::Cond;
 use crate::runtime::conn::ConnState;
 use crate::runtime::{
-    drive_client_rendezvous, register_client, register_listener, ConnShared, ConnectSlot,
-    Established, Inbox, Inner, LinkGroupId, ListenerShared, Stack,
+    drive_client_rendezvous, register_client, register_listener, release_closed, ConnShared,
+    ConnectSlot, Established, Inner, LinkGroupId, ListenerShared, Stack,
 };
 
 /// How a stream carries its data.
@@ -162,11 +162,19 @@ impl Drop for SmcHandle {
     fn drop(&mut self) {
         let mut st = self.conn.lock();
         // close(): C after all data is out, or abort with unread data (RFC 7609 §4.8.1).
-        st.conn.close(Instant::now());
+        let now = Instant::now();
+        st.conn.close(now);
+        // Released only after this drive: a CLOSED event in it posts nothing to the
+        // event thread (ConnShared::on_events), this thread frees the connection below.
+        self.conn.drive(&mut st, now);
         st.released = true;
-        self.conn.drive(&mut st, Instant::now());
+        let closed = st.conn.state() == crate::conn::State::Closed;
         drop(st);
-        self.stack.post(Inbox::Released(self.conn.token));
+        if closed {
+            release_closed(&self.stack, self.conn.token);
+        }
+        // Else the connection is freed once it is closed (its CLOSED event, now that it
+        // is released, tells the event thread).
     }
 }
 

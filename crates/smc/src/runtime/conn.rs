@@ -522,7 +522,10 @@ impl ConnShared {
                 if ev.contains(Events::TCP_RESET) {
                     s.post(Inbox::ResetTcp(self.token));
                 }
-                if ev.contains(Events::CLOSED) {
+                // Its release waits for both: closed, and let go by the application
+                // (`released`). Let go first, the event thread frees it now; else the
+                // application's release does (`SmcHandle::drop`).
+                if ev.contains(Events::CLOSED) && st.released {
                     s.post(Inbox::ConnClosed(self.token));
                 }
             }
