@@ -29,6 +29,13 @@ struct CqInner {
 pub(crate) struct CqShared {
     inner: Mutex<CqInner>,
     efd: EventFd,
+    /// Someone asked for [`CqShared::event_fd`] (a consumer that sleeps on it): only
+    /// then does firing write the eventfd. A CQ used through its handler alone (the
+    /// smc runtime's) saved a system call per firing, several per connection.
+    fd_wanted: AtomicBool,
+    /// Fired since the last [`CqShared::ack_events`]: the eventfd is written when it is
+    /// first asked for, so that it reads as the verbs contract says.
+    fired: AtomicBool,
     handler: Mutex<Option<CompletionHandler>>,
     /// Threads inside [`CqShared::run_handler`].
     running: AtomicU32,
@@ -72,6 +79,8 @@ impl CqShared {
                 overflow: false,
             }),
             efd: EventFd::new()?,
+            fd_wanted: AtomicBool::new(false),
+            fired: AtomicBool::new(false),
             handler: Mutex::new(None),
             running: AtomicU32::new(0),
             rerun: AtomicBool::new(false),
@@ -111,7 +120,12 @@ impl CqShared {
     /// Like [`CqShared::fire`]; `direct` runs the handler on this thread
     /// (only ever on the engine thread).
     fn fire_with(self: &Arc<Self>, direct: bool) {
-        self.efd.wake();
+        // SeqCst with `event_fd`'s pair: of a firing and a first ask racing, at least
+        // one sees the other and writes the eventfd.
+        self.fired.store(true, Ordering::SeqCst);
+        if self.fd_wanted.load(Ordering::SeqCst) {
+            self.efd.wake();
+        }
         if direct && TAKING_OVER.with(|t| t.get()) {
             self.run_unless_running();
         } else if direct {
@@ -227,11 +241,16 @@ impl CqShared {
 
     /// The event fd, readable once the CQ fired.
     pub(crate) fn event_fd(&self) -> BorrowedFd<'_> {
+        if !self.fd_wanted.swap(true, Ordering::SeqCst) && self.fired.load(Ordering::SeqCst) {
+            // Fired before anyone asked: readable now, as it would have been.
+            self.efd.wake();
+        }
         self.efd.as_fd()
     }
 
     /// Clears the event fd.
     pub(crate) fn ack_events(&self) {
+        self.fired.store(false, Ordering::SeqCst);
         self.efd.drain();
     }
 
@@ -269,6 +288,32 @@ mod tests {
     fn cq() -> Arc<CqShared> {
         let dev: Weak<dyn HandlerRunner> = Weak::<NoEngine>::new();
         CqShared::new(16, dev).unwrap()
+    }
+
+    /// Readable, per `pollfd`, without waiting.
+    fn readable(fd: BorrowedFd<'_>) -> bool {
+        smc_verbs::event::wait_readable(fd, Some(Duration::ZERO)).unwrap()
+    }
+
+    /// The eventfd is written only once someone asked for it, and reads as the verbs
+    /// contract says whenever it is looked at: readable after a firing, until acked.
+    #[test]
+    fn the_event_fd_is_written_only_for_those_who_asked() {
+        let cq = cq();
+        cq.fire_with(false);
+        assert!(!readable(cq.efd.as_fd()), "nobody asked: no write");
+        assert!(
+            readable(cq.event_fd()),
+            "fired before the ask: readable at the ask"
+        );
+        cq.ack_events();
+        assert!(!readable(cq.event_fd()));
+        cq.fire_with(false);
+        assert!(readable(cq.event_fd()));
+        cq.ack_events();
+        // A CQ that never fired is not readable when first asked.
+        let quiet = super::tests::cq();
+        assert!(!readable(quiet.event_fd()));
     }
 
     /// The engine taking over for a stuck thread fires a CQ whose handler
