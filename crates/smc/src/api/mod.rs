@@ -26,8 +26,8 @@ use crate::endpoint::BufSizes;
 use crate::runtime::cond::Cond;
 use crate::runtime::conn::ConnState;
 use crate::runtime::{
-    drive_client_rendezvous, register_client, register_listener, release_closed, ConnShared,
-    ConnectSlot, Established, Inner, LinkGroupId, ListenerShared, Stack,
+    drive_client_rendezvous, register_client, register_listener, ConnShared, ConnectSlot,
+    Established, Inbox, Inner, LinkGroupId, ListenerShared, Stack,
 };
 
 /// How a stream carries its data.
@@ -165,16 +165,18 @@ impl Drop for SmcHandle {
         let now = Instant::now();
         st.conn.close(now);
         // Released only after this drive: a CLOSED event in it posts nothing to the
-        // event thread (ConnShared::on_events), this thread frees the connection below.
+        // event thread (ConnShared::on_events); the one post is below.
         self.conn.drive(&mut st, now);
         st.released = true;
         let closed = st.conn.state() == crate::conn::State::Closed;
         drop(st);
+        // The event thread frees a connection that is closed and let go of. Closed
+        // already: tell it now (not freed here: on the event thread, which runs beside
+        // this one, it costs the next connection nothing; freed here, the same-host
+        // rate fell 8 %). Else its CLOSED event, now that it is released, tells it.
         if closed {
-            release_closed(&self.stack, self.conn.token);
+            self.stack.post(Inbox::Released(self.conn.token));
         }
-        // Else the connection is freed once it is closed (its CLOSED event, now that it
-        // is released, tells the event thread).
     }
 }
 
@@ -547,14 +549,14 @@ fn rendezvous_on(
     // by (core::drive_client_rendezvous), else the event thread does.
     let waker = DriveWaker::current();
     let slot = Arc::new(ConnectSlot::new(waker.clone()));
-    let id = register_client(stack, tcp, slot.clone(), bufs, waker.is_some())?;
+    let own = register_client(stack, tcp, slot.clone(), bufs, waker.is_some())?;
     // The machines bound every wait (ClcConfig::max_rendezvous_time); the margin only
     // protects against a stopped stack. A connect timeout bounds the whole connect.
     let mut limit = Instant::now() + stack.clc.max_rendezvous_time() + Duration::from_secs(5);
     if let Some(d) = deadline {
         limit = limit.min(d);
     }
-    if let Some(w) = &waker {
+    if let (Some(w), Some(id)) = (&waker, own) {
         drive_client_rendezvous(stack, id, &slot, w, limit);
     }
     let mut g = slot.result.lock().unwrap_or_else(|p| p.into_inner());

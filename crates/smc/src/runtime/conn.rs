@@ -523,8 +523,8 @@ impl ConnShared {
                     s.post(Inbox::ResetTcp(self.token));
                 }
                 // Its release waits for both: closed, and let go by the application
-                // (`released`). Let go first, the event thread frees it now; else the
-                // application's release does (`SmcHandle::drop`).
+                // (`released`). Let go first, the event thread is told now; else the
+                // application's release tells it (`SmcHandle::drop`).
                 if ev.contains(Events::CLOSED) && st.released {
                     s.post(Inbox::ConnClosed(self.token));
                 }

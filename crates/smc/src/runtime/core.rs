@@ -1166,7 +1166,7 @@ pub(crate) fn register_client(
     slot: Arc<ConnectSlot>,
     bufs: BufSizes,
     self_driven: bool,
-) -> io::Result<TcpId> {
+) -> io::Result<Option<TcpId>> {
     let local = tcp.local_addr()?;
     let peer = tcp.peer_addr()?;
     // The allow/deny lists first (crate::policy): a kept-TCP connection sends nothing.
@@ -1179,24 +1179,18 @@ pub(crate) fn register_client(
     // The Proposal (or a not-eligible connection's end) goes out right here: one thread
     // hop less per connection.
     let id = core.start_rendezvous(inner, tcp, local, peer, elig, Origin::Connect(slot), bufs);
+    // Unless it ended already (a connection kept on TCP).
     if self_driven && core.rdvs.contains_key(&id) {
         // The caller reads the reply itself (drive_client_rendezvous), and hands over
         // if it waits long: the event thread need not look at this socket or at the
         // rendezvous's timers (seconds away) before then.
         core.wake_if_sooner(inner);
+        Ok(Some(id))
     } else {
         drop(core);
         inner.wake();
+        Ok(None)
     }
-    Ok(id)
-}
-
-/// The application let go of a connection that is closed already (its last step): the
-/// releasing thread frees it itself instead of waking the event thread for it.
-pub(crate) fn release_closed(inner: &Arc<Inner>, token: u32) {
-    let mut core = inner.lock_core();
-    core.release_if_done(inner, token, Instant::now());
-    core.wake_if_sooner(inner);
 }
 
 /// How long a client's thread waits for the server's next CLC message itself before it

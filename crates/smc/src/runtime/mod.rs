@@ -986,9 +986,7 @@ impl Drop for Stack {
     }
 }
 
-pub(crate) use self::core::{
-    drive_client_rendezvous, register_client, register_listener, release_closed,
-};
+pub(crate) use self::core::{drive_client_rendezvous, register_client, register_listener};
 pub(crate) use self::sys::bind_no_port;
 
 #[cfg(test)]
