@@ -46,7 +46,10 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::Arc;
 
 /// Bytes per atomic word.
@@ -68,43 +71,60 @@ pub struct RdmaBuffer {
     written: Written,
 }
 
-/// The bytes of a buffer that may be non-zero: `[lo, hi)` spans every write made through
-/// this type since the buffer was made or last zeroed by
-/// [`RdmaBuffer::zero_written`], unless `untracked` (someone writes it another way: a
-/// NIC's DMA, another process's mapping), when any byte may be.
+/// The bytes of a buffer that may be non-zero: the span `[lo, hi)` (one atomic word, so
+/// that taking it and resetting it is one step) covers every write made through this
+/// type since the buffer was made or last zeroed by [`RdmaBuffer::zero_written`], unless
+/// `untracked` (someone writes it another way: a NIC's DMA, another process's mapping;
+/// or it is too large for the 32-bit halves), when any byte may be.
 ///
 /// Why: an RMB is zeroed before every reuse (RFC 7609 §4.4.1, CHECKLIST RE-3), and a
 /// short connection writes a few bytes of it: zeroing all of a 256 KiB RMB, 32,768
 /// word stores, was a tenth of a connection's CPU over the software RNIC (issue 15).
 struct Written {
-    lo: AtomicUsize,
-    hi: AtomicUsize,
+    /// `lo` in the upper 32 bits, `hi` in the lower; [`Written::EMPTY`] when nothing.
+    span: AtomicU64,
     untracked: AtomicBool,
 }
 
 impl Written {
-    /// Nothing written yet (fresh zeroed memory), or `untracked`.
-    fn new(untracked: bool) -> Written {
+    const EMPTY: u64 = (u32::MAX as u64) << 32;
+
+    /// Nothing written yet (fresh zeroed memory of `len` bytes), or `untracked`.
+    fn new(untracked: bool, len: usize) -> Written {
         Written {
-            lo: AtomicUsize::new(usize::MAX),
-            hi: AtomicUsize::new(0),
-            untracked: AtomicBool::new(untracked),
+            span: AtomicU64::new(Self::EMPTY),
+            untracked: AtomicBool::new(untracked || u32::try_from(len).is_err()),
         }
     }
 
-    /// Bytes `[offset, end)` are being written. Loads first: once the range covers
-    /// them (a connection's ring after its first lap) a write costs two loads of a
-    /// line nobody writes, not two read-modify-writes.
+    fn unpack(v: u64) -> (usize, usize) {
+        ((v >> 32) as usize, (v & u64::from(u32::MAX)) as usize)
+    }
+
+    /// Bytes `[offset, end)` were written: called *after* the stores, with Release, so
+    /// that a `zero_written` that takes the span after this either zeroes them (their
+    /// stores happen before its own) or, taking it before, leaves the span here for the
+    /// next time. A load first: once the span covers them (a connection's ring after its
+    /// first lap) a write costs one load of a line nobody writes.
     #[inline]
     fn note(&self, offset: usize, end: usize) {
         if offset >= end {
             return;
         }
-        if offset < self.lo.load(Relaxed) {
-            self.lo.fetch_min(offset, Relaxed);
-        }
-        if end > self.hi.load(Relaxed) {
-            self.hi.fetch_max(end, Relaxed);
+        // Saturated: a buffer above 4 GiB is untracked anyway.
+        let (o, e) = (offset.min(u32::MAX as usize), end.min(u32::MAX as usize));
+        let mut cur = self.span.load(Relaxed);
+        loop {
+            let (lo, hi) = Self::unpack(cur);
+            let (nlo, nhi) = (lo.min(o), hi.max(e));
+            if (nlo, nhi) == (lo, hi) {
+                return;
+            }
+            let new = ((nlo as u64) << 32) | nhi as u64;
+            match self.span.compare_exchange_weak(cur, new, Release, Relaxed) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
         }
     }
 }
@@ -143,7 +163,7 @@ impl RdmaBuffer {
             ptr,
             len,
             _map: Arc::new(map),
-            written: Written::new(false),
+            written: Written::new(false, len),
         }))
     }
 
@@ -184,7 +204,7 @@ impl RdmaBuffer {
             len,
             _map: Arc::new(map),
             // The other process writes it through its own mapping.
-            written: Written::new(true),
+            written: Written::new(true, len),
         }))
     }
 
@@ -235,13 +255,13 @@ impl RdmaBuffer {
                 ptr,
                 len: first,
                 _map: map.clone(),
-                written: Written::new(true),
+                written: Written::new(true, first),
             }),
             Arc::new(RdmaBuffer {
                 ptr: ptr2,
                 len: second,
                 _map: map,
-                written: Written::new(true),
+                written: Written::new(true, second),
             }),
         ))
     }
@@ -280,14 +300,17 @@ impl RdmaBuffer {
     /// all of them if it is [untracked](RdmaBuffer::mark_untracked). For memory that
     /// is about to be reused (an RMB, RFC 7609 §4.4.1): it costs what the last user
     /// wrote, not the buffer's size. A write racing with it (which the protocol that
-    /// reuses the memory excludes) may survive it, as it could a full `fill`.
+    /// reuses the memory excludes) may survive it, as it could a full `fill`, but stays
+    /// recorded for the next call: no byte written through this type is ever left out
+    /// for good (but see [`RdmaBuffer::atomic_u64`]).
     pub fn zero_written(&self) {
         if self.written.untracked.load(Relaxed) {
             self.fill_words(0, self.len, 0);
             return;
         }
-        let lo = self.written.lo.swap(usize::MAX, Relaxed);
-        let hi = self.written.hi.swap(0, Relaxed).min(self.len);
+        // Acquire: the stores of every write whose `note` came before are done.
+        let (lo, hi) = Written::unpack(self.written.span.swap(Written::EMPTY, Acquire));
+        let hi = hi.min(self.len);
         if lo < hi {
             self.fill_words(lo, hi - lo, 0);
         }
@@ -298,8 +321,7 @@ impl RdmaBuffer {
         if self.written.untracked.load(Relaxed) {
             return None;
         }
-        let lo = self.written.lo.load(Relaxed);
-        let hi = self.written.hi.load(Relaxed);
+        let (lo, hi) = Written::unpack(self.written.span.load(Relaxed));
         Some(if lo < hi { lo..hi } else { 0..0 })
     }
 
@@ -352,7 +374,6 @@ impl RdmaBuffer {
             self.contains(src_off, len) && dst.contains(dst_off, len),
             "RdmaBuffer::copy_to out of bounds"
         );
-        dst.written.note(dst_off, dst_off + len);
         let mut bounce = [0u8; 512];
         let mut by_bounce = |s: usize, d: usize, n: usize| {
             let mut done = 0;
@@ -376,6 +397,8 @@ impl RdmaBuffer {
         }
         let done = head + words * WORD;
         by_bounce(src_off + done, dst_off + done, len - done);
+        // After the stores (`Written::note`); the bounced parts noted themselves.
+        dst.written.note(dst_off + head, dst_off + done);
     }
 
     /// Copies `dst.len()` bytes starting at `offset` out of the buffer.
@@ -420,7 +443,6 @@ impl RdmaBuffer {
             self.contains(offset, src.len()),
             "RdmaBuffer::write out of bounds"
         );
-        self.written.note(offset, offset + src.len());
         let head = offset % WORD;
         let n = if head == 0 {
             0
@@ -443,6 +465,8 @@ impl RdmaBuffer {
         if !tail.is_empty() {
             self.store_bytes(i, 0, tail);
         }
+        // After the stores (`Written::note`).
+        self.written.note(offset, offset + src.len());
     }
 
     /// Sets `len` bytes at `offset` to `byte`.
@@ -451,10 +475,11 @@ impl RdmaBuffer {
     /// If the range is outside the buffer.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) {
         assert!(self.contains(offset, len), "RdmaBuffer::fill out of bounds");
+        self.fill_words(offset, len, byte);
         if byte != 0 {
+            // After the stores (`Written::note`).
             self.written.note(offset, offset + len);
         }
-        self.fill_words(offset, len, byte);
     }
 
     /// [`RdmaBuffer::fill`] of a checked range, without noting it written.
@@ -483,7 +508,9 @@ impl RdmaBuffer {
     /// `offset` is a multiple of 8 and the word lies inside the buffer.
     pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
         (offset.is_multiple_of(WORD) && self.contains(offset, WORD)).then(|| {
-            // The caller may change it: counted as written.
+            // The caller may change it: counted as written, before it does (a change
+            // racing with `zero_written` may then go unrecorded; RDMA atomics need
+            // REMOTE_ATOMIC, which no RMB is registered with).
             self.written.note(offset, offset + WORD);
             self.word(offset / WORD)
         })

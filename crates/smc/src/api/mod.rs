@@ -557,7 +557,9 @@ fn rendezvous_on(
         limit = limit.min(d);
     }
     if let (Some(w), Some(id)) = (&waker, own) {
+        slot.polling.store(true, Ordering::SeqCst);
         drive_client_rendezvous(stack, id, &slot, w, limit);
+        slot.polling.store(false, Ordering::SeqCst);
     }
     let mut g = slot.result.lock().unwrap_or_else(|p| p.into_inner());
     loop {

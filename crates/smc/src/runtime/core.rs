@@ -458,12 +458,12 @@ impl Core {
                 },
             };
             let shared = super::shm::new_conn(inner, local, peer, tcp, setup, sndbuf)?;
-            let st = shared.lock();
-            if let Some(tcp) = &st.tcp {
+            let mut st = shared.lock();
+            if let Some(t) = &st.tcp {
                 // Watched like an SMC-R connection's (RFC 7609 §4.8: FIN and RST).
                 let added = epoll::add(
                     &self.epoll,
-                    tcp,
+                    t,
                     epoll::EventData::new_u64(u64::from(token)),
                     epoll::EventFlags::IN | epoll::EventFlags::RDHUP,
                 );
@@ -471,6 +471,9 @@ impl Core {
                     if let Some(p) = shared.shm() {
                         give_back(p.own_mem(shared.rmb.clone()));
                     }
+                    // Back to the caller, which resets it (a plain close would tell the
+                    // peer we ended cleanly).
+                    *tcp = st.tcp.take();
                     return Err(e.into());
                 }
             }
@@ -1248,7 +1251,11 @@ pub(crate) fn drive_client_rendezvous(
         let ms = wait.as_micros().div_ceil(1000) as i32;
         // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if rc == 0 {
+        if rc < 0 && io::Error::last_os_error().kind() == ErrorKind::Interrupted {
+            continue;
+        }
+        if rc <= 0 {
+            // Nothing came in time, or poll failed: the event thread's business.
             break;
         }
         if fds[1].revents != 0 {

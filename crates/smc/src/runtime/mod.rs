@@ -557,9 +557,11 @@ pub(crate) struct ConnectSlot {
     pub abandoned: AtomicBool,
     /// Set once `result` is (for a look without the lock).
     done: AtomicBool,
-    /// The waiting thread's, while it polls the rendezvous socket itself
-    /// (`core::drive_client_rendezvous`).
+    /// The waiting thread's, rung while it polls the rendezvous socket itself
+    /// (`polling`, `core::drive_client_rendezvous`); not after, when it waits on `cond`
+    /// (a stale ring would end its next wait in `drive` for nothing).
     waker: Option<smc_verbs::DriveWaker>,
+    pub polling: AtomicBool,
 }
 
 impl ConnectSlot {
@@ -587,7 +589,11 @@ impl ConnectSlot {
             self.done.store(true, Ordering::Release);
         }
         self.cond.notify_all();
-        if let Some(w) = &self.waker {
+        if let Some(w) = self
+            .waker
+            .as_ref()
+            .filter(|_| self.polling.load(Ordering::SeqCst))
+        {
             // A no-op on the waiting thread itself (it completed the rendezvous).
             w.wake();
         }
