@@ -114,22 +114,28 @@ fn fallback_from_a_plain_tcp_client() {
     assert!(!m.is_smc(), "{m}");
 }
 
+/// A server's Decline: no RDMA device (then plain TCP).
+fn no_device_decline() -> Vec<u8> {
+    ClcMessage::Decline(DeclineRepr {
+        eyecatcher: Eyecatcher::Smcr,
+        version: 1,
+        out_of_sync: false,
+        peer_id: PeerId::default(),
+        diagnosis: DeclineCode::NOSMCRDEV,
+        os_type: 0,
+        diagnosis_v2: None,
+    })
+    .to_vec()
+    .unwrap()
+}
+
 #[test]
 fn peer_decline_falls_back_with_the_reason() {
     let cli = client_only(|_| {});
     let addr = scripted_server(|mut s| {
         let p = read_clc(&mut s);
         assert!(matches!(ClcMessage::parse(&p), Ok(ClcMessage::Proposal(_))));
-        let d = ClcMessage::Decline(DeclineRepr {
-            eyecatcher: Eyecatcher::Smcr,
-            version: 1,
-            out_of_sync: false,
-            peer_id: PeerId::default(),
-            diagnosis: DeclineCode::NOSMCRDEV,
-            os_type: 0,
-            diagnosis_v2: None,
-        });
-        s.write_all(&d.to_vec().unwrap()).unwrap();
+        s.write_all(&no_device_decline()).unwrap();
         // Then it is a plain TCP echo.
         let mut b = [0u8; 25];
         s.read_exact(&mut b).unwrap();
@@ -156,16 +162,7 @@ fn a_late_reply_is_taken_after_the_hand_over() {
     let addr = scripted_server(|mut s| {
         let _ = read_clc(&mut s);
         std::thread::sleep(Duration::from_millis(400));
-        let d = ClcMessage::Decline(DeclineRepr {
-            eyecatcher: Eyecatcher::Smcr,
-            version: 1,
-            out_of_sync: false,
-            peer_id: PeerId::default(),
-            diagnosis: DeclineCode::NOSMCRDEV,
-            os_type: 0,
-            diagnosis_v2: None,
-        });
-        s.write_all(&d.to_vec().unwrap()).unwrap();
+        s.write_all(&no_device_decline()).unwrap();
         let mut b = [0u8; 25];
         s.read_exact(&mut b).unwrap();
         s.write_all(&b).unwrap();

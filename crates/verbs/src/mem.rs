@@ -560,16 +560,7 @@ mod tests {
     /// starting at `first`; the mapping outlives the first buffer dropped.
     #[test]
     fn split_mapping_of_a_shared_file() {
-        let path = std::env::temp_dir().join(format!("smc-verbs-split-{}", std::process::id()));
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let _ = std::fs::remove_file(&path);
-        f.set_len(3 * 4096).unwrap();
+        let f = tempfile_of(3 * 4096);
         // SAFETY: the file is ours, 3 pages long, and never shrinks while mapped.
         let (a, b) = unsafe { RdmaBuffer::map_shared_split(&f, 0, 4096, 2 * 4096) }.unwrap();
         assert_eq!((a.len(), b.len()), (4096, 2 * 4096));
@@ -689,9 +680,11 @@ mod tests {
         assert_eq!((x.written_range(), y.written_range()), (None, None));
     }
 
+    /// A file of `len` zero bytes, unlinked at once (gone with its last descriptor).
     fn tempfile_of(len: u64) -> std::fs::File {
+        // Per process and thread: tests run in parallel.
         let path = std::env::temp_dir().join(format!(
-            "smc-verbs-untracked-{}-{:?}",
+            "smc-verbs-mem-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));
