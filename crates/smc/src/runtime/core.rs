@@ -824,31 +824,15 @@ impl Core {
         // Swapped, not taken: both vectors keep their capacity.
         std::mem::swap(&mut self.reap_check, check);
         for t in check.drain(..) {
-            self.release_if_done(inner, t, now);
-        }
-        // Timer entries of released connections (timers.rs), once they outnumber the
-        // live ones. The heap's lock is taken alone here (no connection lock inside it).
-        if inner.timers.len() > 2 * (self.host.conns.len() + 64) {
-            let conns = &self.host.conns;
-            inner.timers.retain_tokens(|t| conns.contains_key(&t));
-        }
-        self.listeners
-            .retain(|_, l| !l.closed.load(Ordering::SeqCst));
-    }
-
-    /// Releases the connection of token `t` if it is closed and no longer referenced by
-    /// the application.
-    fn release_if_done(&mut self, inner: &Arc<Inner>, t: u32, now: Instant) {
-        {
             let done = self.host.conns.get(&t).is_some_and(|c| {
                 let st = c.lock();
                 st.released && st.conn.state() == State::Closed
             });
             if !done {
-                return;
+                continue;
             }
             let Some(c) = self.host.conns.remove(&t) else {
-                return;
+                continue;
             };
             let rdma = {
                 let mut st = c.lock();
@@ -881,7 +865,7 @@ impl Core {
                 }
                 release_token(inner, t);
                 debug!(token = t, "same-host connection released");
-                return;
+                continue;
             };
             // The send buffer is registered on the PD of the connection's last link.
             let pool = self.host.sndbufs.entry((lgr, link.id)).or_default();
@@ -891,6 +875,14 @@ impl Core {
             debug!(token = t, "connection released");
             self.ep(inner, |ep, h| ep.conn_released(now, h, t));
         }
+        // Timer entries of released connections (timers.rs), once they outnumber the
+        // live ones. The heap's lock is taken alone here (no connection lock inside it).
+        if inner.timers.len() > 2 * (self.host.conns.len() + 64) {
+            let conns = &self.host.conns;
+            inner.timers.retain_tokens(|t| conns.contains_key(&t));
+        }
+        self.listeners
+            .retain(|_, l| !l.closed.load(Ordering::SeqCst));
     }
 
     /// Process exit: terminate every link group and post what that sends. Returns
