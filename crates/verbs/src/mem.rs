@@ -101,14 +101,17 @@ impl Written {
         ((v >> 32) as usize, (v & u64::from(u32::MAX)) as usize)
     }
 
-    /// Bytes `[offset, end)` were written: called *after* the stores, with Release, so
-    /// that a `zero_written` that takes the span after this either zeroes them (their
-    /// stores happen before its own) or, taking it before, leaves the span here for the
-    /// next time. A load first: once the span covers them (a connection's ring after its
-    /// first lap) a write costs one load of a line nobody writes.
+    /// Bytes `[offset, end)` were written: called *after* the stores, as a Release
+    /// read-modify-write of the span, so that a `zero_written` whose swap comes after it
+    /// zeroes them (their stores happen before its own), and one whose swap came before
+    /// leaves the span recorded here for the next time. Also when the span already
+    /// covers them (a connection's ring after its first lap): a plain load could read
+    /// the span from before a swap while the stores are still on their way, and the
+    /// bytes would then be neither zeroed nor recorded. One uncontended compare-and-swap
+    /// per write; nothing for untracked buffers.
     #[inline]
     fn note(&self, offset: usize, end: usize) {
-        if offset >= end {
+        if offset >= end || self.untracked.load(Relaxed) {
             return;
         }
         // Saturated: a buffer above 4 GiB is untracked anyway.
@@ -116,11 +119,7 @@ impl Written {
         let mut cur = self.span.load(Relaxed);
         loop {
             let (lo, hi) = Self::unpack(cur);
-            let (nlo, nhi) = (lo.min(o), hi.max(e));
-            if (nlo, nhi) == (lo, hi) {
-                return;
-            }
-            let new = ((nlo as u64) << 32) | nhi as u64;
+            let new = ((lo.min(o) as u64) << 32) | hi.max(e) as u64;
             match self.span.compare_exchange_weak(cur, new, Release, Relaxed) {
                 Ok(_) => return,
                 Err(now) => cur = now,
