@@ -62,6 +62,40 @@ fn first_contact_data_both_ways_and_close() {
     let _ = std::io::sink().write(&[]);
 }
 
+/// A first contact's rendezvous goes on after the Accept (CONFIRM LINK over the new
+/// link), which the connecting thread leaves to the event thread: the completion must
+/// still reach the connecting thread at once, not at the next endpoint timer (an earlier
+/// try at reading the Accept on the connecting thread took 4 s here). A liveness bound,
+/// not a speed target: the connect takes tens of milliseconds.
+#[test]
+fn a_first_contact_is_not_held_after_the_hand_over() {
+    let (srv, cli) = pair();
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        (s.mode(), srv)
+    });
+    let t0 = std::time::Instant::now();
+    let c = smc::SmcStream::connect_with(&cli, addr).unwrap();
+    let took = t0.elapsed();
+    let mode = c.mode();
+    assert!(mode.is_smc(), "client mode: {mode}");
+    assert!(
+        matches!(
+            mode,
+            smc::Mode::Smc {
+                first_contact: true,
+                ..
+            }
+        ),
+        "{mode}"
+    );
+    assert!(took < Duration::from_secs(3), "first contact took {took:?}");
+    let (smode, _srv) = server.join().unwrap();
+    assert!(smode.is_smc(), "server mode: {smode}");
+}
+
 #[test]
 fn subsequent_contact_reuses_the_link_group() {
     let (srv, cli) = pair();
