@@ -91,6 +91,10 @@ pub(crate) struct Core {
     /// thread that made an earlier deadline while it slept wakes it
     /// ([`Core::wake_if_sooner`]).
     sleep_until: Option<Instant>,
+    /// A descriptor joined the event thread's own poll set (a same-host connection's
+    /// doorbell) since it built the set: whoever did it outside the event thread wakes
+    /// it ([`Core::wake_if_sooner`]), or the doorbell would go unwatched.
+    poll_set_changed: bool,
 }
 
 impl Core {
@@ -113,6 +117,7 @@ impl Core {
             shm_conns: BTreeMap::new(),
             shm_sndbufs: Vec::new(),
             sleep_until: None,
+            poll_set_changed: false,
         })
     }
 
@@ -486,6 +491,8 @@ impl Core {
         })?;
         self.host.conns.insert(shared.token, shared.clone());
         self.shm_conns.insert(shared.token, shared.clone());
+        // Its doorbell is one of the event thread's own descriptors.
+        self.poll_set_changed = true;
         Ok(shared)
     }
 
@@ -796,12 +803,14 @@ impl Core {
     }
 
     /// Wakes the event thread if something made a deadline earlier than the one it
-    /// sleeps towards (a thread other than the event thread ran the endpoint).
+    /// sleeps towards, or gave it a descriptor to watch (a thread other than the event
+    /// thread ran the endpoint).
     fn wake_if_sooner(&self, inner: &Inner) {
-        if let Some(d) = self.next_deadline(inner) {
-            if self.sleep_until.is_none_or(|s| d < s) {
-                inner.wake();
-            }
+        let sooner = self
+            .next_deadline(inner)
+            .is_some_and(|d| self.sleep_until.is_none_or(|s| d < s));
+        if sooner || self.poll_set_changed {
+            inner.wake();
         }
     }
 
@@ -1332,6 +1341,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         let mut bell_skipped = false;
         let timeout = {
             let mut core = inner.lock_core();
+            core.poll_set_changed = false;
             fds.push(pfd(inner.efd.fd(), libc::POLLIN));
             what.push(Fd::Wake);
             if let Some(m) = &inner.netmon {
