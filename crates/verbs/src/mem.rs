@@ -74,8 +74,9 @@ pub struct RdmaBuffer {
 /// The bytes of a buffer that may be non-zero: the span `[lo, hi)` (one atomic word, so
 /// that taking it and resetting it is one step) covers every write made through this
 /// type since the buffer was made or last zeroed by [`RdmaBuffer::zero_written`], unless
-/// `untracked` (someone writes it another way: a NIC's DMA, another process's mapping;
-/// or it is too large for the 32-bit halves), when any byte may be.
+/// `untracked` (not made with [`RdmaBuffer::new_tracked`]; or someone writes it another
+/// way: a NIC's DMA, another process's mapping; or it is too large for the 32-bit
+/// halves), when any byte may be.
 ///
 /// Why: an RMB is zeroed before every reuse (RFC 7609 §4.4.1, CHECKLIST RE-3), and a
 /// short connection writes a few bytes of it: zeroing all of a 256 KiB RMB, 32,768
@@ -139,8 +140,22 @@ unsafe impl Send for RdmaBuffer {}
 unsafe impl Sync for RdmaBuffer {}
 
 impl RdmaBuffer {
-    /// Maps `len` bytes (rounded up to whole pages) of zeroed memory.
+    /// Maps `len` bytes (rounded up to whole pages) of zeroed memory. Its writes are not
+    /// tracked: [`RdmaBuffer::zero_written`] zeroes all of it (see
+    /// [`RdmaBuffer::new_tracked`]).
     pub fn new(len: usize) -> io::Result<Arc<RdmaBuffer>> {
+        Self::new_with(len, false)
+    }
+
+    /// Like [`RdmaBuffer::new`], for memory zeroed before each reuse (an RMB): the span
+    /// written through its methods is tracked, so that [`RdmaBuffer::zero_written`]
+    /// costs what was written. Other buffers (send buffers, never zeroed) do not pay for
+    /// the tracking on every write.
+    pub fn new_tracked(len: usize) -> io::Result<Arc<RdmaBuffer>> {
+        Self::new_with(len, true)
+    }
+
+    fn new_with(len: usize, tracked: bool) -> io::Result<Arc<RdmaBuffer>> {
         if len == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -162,7 +177,7 @@ impl RdmaBuffer {
             ptr,
             len,
             _map: Arc::new(map),
-            written: Written::new(false, len),
+            written: Written::new(!tracked, len),
         }))
     }
 
@@ -316,7 +331,8 @@ impl RdmaBuffer {
     }
 
     /// The range [`RdmaBuffer::zero_written`] would zero now (`None`: all of it).
-    pub fn written_range(&self) -> Option<std::ops::Range<usize>> {
+    #[cfg(test)]
+    fn written_range(&self) -> Option<std::ops::Range<usize>> {
         if self.written.untracked.load(Relaxed) {
             return None;
         }
@@ -613,7 +629,7 @@ mod tests {
     /// was non-zero would stay so: see `only_the_written_span_is_zeroed`).
     #[test]
     fn zero_written_zeroes_everything_written() {
-        let b = RdmaBuffer::new(3 * 4096).unwrap();
+        let b = RdmaBuffer::new_tracked(3 * 4096).unwrap();
         let src = RdmaBuffer::new(4096).unwrap();
         src.fill(0, 4096, 0xa5);
         let mut seed = 7u32;
@@ -648,7 +664,7 @@ mod tests {
 
     #[test]
     fn only_the_written_span_is_zeroed() {
-        let b = RdmaBuffer::new(8192).unwrap();
+        let b = RdmaBuffer::new_tracked(8192).unwrap();
         assert_eq!(b.written_range(), Some(0..0));
         b.write(100, b"abc");
         b.write(5000, b"xyz");

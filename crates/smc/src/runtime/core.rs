@@ -89,11 +89,11 @@ pub(crate) struct Core {
     shm_sndbufs: Vec<Arc<smc_verbs::RdmaBuffer>>,
     /// When the event thread's poll times out at the latest (set before each poll): a
     /// thread that made an earlier deadline while it slept wakes it
-    /// ([`Core::wake_if_sooner`]).
+    /// ([`Core::wake_if_needed`]).
     sleep_until: Option<Instant>,
     /// A descriptor joined the event thread's own poll set (a same-host connection's
     /// doorbell) since it built the set: whoever did it outside the event thread wakes
-    /// it ([`Core::wake_if_sooner`]), or the doorbell would go unwatched.
+    /// it ([`Core::wake_if_needed`]), or the doorbell would go unwatched.
     poll_set_changed: bool,
 }
 
@@ -805,7 +805,7 @@ impl Core {
     /// Wakes the event thread if something made a deadline earlier than the one it
     /// sleeps towards, or gave it a descriptor to watch (a thread other than the event
     /// thread ran the endpoint).
-    fn wake_if_sooner(&self, inner: &Inner) {
+    fn wake_if_needed(&self, inner: &Inner) {
         let sooner = self
             .next_deadline(inner)
             .is_some_and(|d| self.sleep_until.is_none_or(|s| d < s));
@@ -1188,7 +1188,7 @@ pub(crate) fn register_client(
         // The caller reads the reply itself (drive_client_rendezvous), and hands over
         // if it waits long: the event thread need not look at this socket or at the
         // rendezvous's timers (seconds away) before then.
-        core.wake_if_sooner(inner);
+        core.wake_if_needed(inner);
         Ok(Some(id))
     } else {
         drop(core);
@@ -1265,7 +1265,7 @@ pub(crate) fn drive_client_rendezvous(
         if fds[0].revents != 0 {
             let mut core = inner.lock_core();
             core.on_rdv_io(inner, id, Instant::now(), &mut buf);
-            core.wake_if_sooner(inner);
+            core.wake_if_needed(inner);
         }
     }
     if inner.lock_core().rdvs.contains_key(&id) {

@@ -281,7 +281,8 @@ impl Host for HostCtx<'_> {
     }
 
     fn create_rmb(&mut self, lgr: LgrId, rmb: llc::RmbId, size: usize) -> Result<(), HostError> {
-        let buf = RdmaBuffer::new(size).map_err(herr)?;
+        // Zeroed before each reuse (clear_rmb): its writes are tracked.
+        let buf = RdmaBuffer::new_tracked(size).map_err(herr)?;
         self.st.rmbs.insert(
             (lgr, rmb.0),
             RmbRes {
