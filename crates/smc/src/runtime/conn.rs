@@ -275,8 +275,9 @@ impl ConnShared {
         }
         st.queued = Some(t);
         if let Some(s) = self.stack.upgrade() {
-            s.timers.push(t, self.token);
-            s.wake();
+            if s.timers.push(t, self.token) {
+                s.wake();
+            }
         }
     }
 

@@ -1399,8 +1399,12 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 } else {
                     MAX_SLEEP
                 });
-            core.sleep_until = Some(now + timeout);
-            timeout
+            // The connections' deadlines are looked at again under the queue's lock,
+            // which also records the plan: a connection that queues an earlier one
+            // from now on wakes this thread, a later one does not (timers.rs).
+            let until = inner.timers.plan_sleep(now + timeout);
+            core.sleep_until = Some(until);
+            until.saturating_duration_since(now)
         };
         let ms = timeout.as_micros().div_ceil(1000) as i32;
         // SAFETY: `fds` is a valid array of pollfd for the duration of the call.
