@@ -202,6 +202,14 @@ impl Conn {
         }
         self.cl.want |= ConnStateFlags::PEER_CONN_ABORT;
         self.events |= Events::TRANSMIT;
+        if self.cl.peer.contains(ConnStateFlags::PEER_CONN_CLOSED) {
+            // The peer's C came first: nothing may follow it (TRM-2), so no A will
+            // answer ours, and waiting for one (1A) would only hold the RMBE until the
+            // 1B timer. Ours goes out, and once it is confirmed the connection is
+            // CLOSED, as a passive aborter's (2B).
+            self.set_state(State::ProcessAbort, now);
+            return;
+        }
         self.set_state(State::PeerAbortWait, now);
     }
 

@@ -220,7 +220,8 @@ fn tc_term_06_passive_c_with_pending_tx() {
         Some(ConnError::Aborted(AbortReason::PeerClosedWithPendingData))
     );
     assert!(sim.b.events.contains(Events::TCP_RESET));
-    assert_eq!(state(&sim, Side::B), State::PeerAbortWait);
+    // The peer's C is in: no A will answer ours (TRM-2), so B does not wait for one.
+    assert_eq!(state(&sim, Side::B), State::ProcessAbort);
     sim.take_trace();
     let t = exchange(&mut sim, Side::B);
     assert_eq!(t.len(), 1, "A only, the data is dropped");
@@ -229,9 +230,35 @@ fn tc_term_06_passive_c_with_pending_tx() {
     // A already sent C: nothing more from A, CLOSED at once.
     assert_eq!(state(&sim, Side::A), State::Closed);
     assert_eq!(sim.post(Side::A), 0);
-    // B waits for an A that never comes, then gives the RMBE back (1B timer).
-    sim.advance(Duration::from_secs(10));
+    // B is CLOSED once its A is confirmed, not after the 1B timer.
     assert_eq!(state(&sim, Side::B), State::Closed);
+}
+
+/// A close with unread data after the peer's C (AppCloseWait1): A goes out (3A), and the
+/// connection is CLOSED once it is confirmed; no A from the peer is awaited (TRM-2:
+/// nothing follows its C), so the RMBE is not held until the 1B timer.
+#[test]
+fn close_with_unread_data_after_the_peers_close_does_not_wait_for_an_abort() {
+    let mut sim = sim();
+    sim.write(Side::A, 1000, false);
+    sim.flush();
+    close(&mut sim, Side::A);
+    sim.flush();
+    assert_eq!(state(&sim, Side::B), State::AppCloseWait1);
+    assert_eq!(state(&sim, Side::A), State::PeerCloseWait1);
+    sim.take_trace();
+    clear_events(&mut sim);
+    close(&mut sim, Side::B);
+    assert_eq!(
+        sim.b.conn.error(),
+        Some(ConnError::Aborted(AbortReason::UnreadDataOnClose))
+    );
+    assert_eq!(state(&sim, Side::B), State::ProcessAbort);
+    let t = exchange(&mut sim, Side::B);
+    assert_eq!(t[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
+    assert_eq!(state(&sim, Side::B), State::Closed);
+    assert_eq!(state(&sim, Side::A), State::Closed);
+    assert_eq!(sim.post(Side::A), 0, "nothing follows A's C");
 }
 
 /// TC-TERM-07 simultaneous_close: both take path 3 and end CLOSED.
