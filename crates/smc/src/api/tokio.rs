@@ -3,12 +3,16 @@
 //!
 //! SMC-R streams register their task's waker with the connection; the completion
 //! handler that processes a CDC (or the event thread) wakes it — no extra thread per
-//! stream. Fallback streams are plain `tokio::net::TcpStream`s. The rendezvous itself
-//! (TCP connect + CLC) runs on a blocking thread.
+//! stream. On the same-host path a task of the stream's runtime watches the
+//! connection's doorbell itself ([`watch_bell`]), so that the peer's CDC wakes a worker
+//! of this runtime directly instead of the event thread, which then woke the worker.
+//! Fallback streams are plain `tokio::net::TcpStream`s. The rendezvous itself (TCP
+//! connect + CLC) runs on a blocking thread.
 
 use std::future::poll_fn;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{connect_one, stream_from, Mode, SmcHandle, Wait};
 use crate::clc::FallbackReason;
+use crate::runtime::conn::ConnShared;
 use crate::runtime::Stack;
 
 enum Inner {
@@ -58,7 +63,10 @@ impl SmcStream {
     pub fn from_std(s: super::SmcStream) -> io::Result<SmcStream> {
         Ok(SmcStream {
             inner: match s.into_parts() {
-                Ok(h) => Inner::Smc(h),
+                Ok(h) => {
+                    watch_bell(&h.conn);
+                    Inner::Smc(h)
+                }
                 Err((t, r)) => {
                     t.set_nonblocking(true)?;
                     Inner::Tcp(tokio::net::TcpStream::from_std(t)?, r)
@@ -100,6 +108,89 @@ impl SmcStream {
             Inner::Tcp(t, _) => t.local_addr(),
         }
     }
+}
+
+/// Same host: starts the task that watches the connection's doorbell on the current
+/// runtime (docs/samehost.md "Waking"). It takes the ring when the peer rings, as the
+/// event thread would, and whatever that wakes (this stream's reader or writer) runs
+/// next on the same worker: one thread woken per CDC instead of two. It holds the
+/// connection's state, not the application's handle (which alone closes it), watches a
+/// duplicate of the doorbell (an eventfd may serve a later connection once this one is
+/// released, and a registration by number must not outlive this task), and ends when
+/// the connection is CLOSED (its last CDC taken) or its runtime drops it (the event
+/// thread then watches the doorbell again). Without a runtime or a descriptor, the
+/// event thread watches it as before.
+fn watch_bell(conn: &Arc<ConnShared>) {
+    use tokio::io::unix::AsyncFd;
+    let Some(p) = conn.shm() else { return };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let Ok(fd) = p.bell.as_fd().try_clone_to_owned() else {
+        return;
+    };
+    let fd = smc_verbs::process::lift(fd);
+    let afd = {
+        let _g = rt.enter();
+        // SAFETY: an OwnedFd stays open, on the same file, and returns the same number
+        // for as long as the AsyncFd owns it.
+        match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+            .map_err(io::Error::from)
+        {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "doorbell not watched by the runtime");
+                return;
+            }
+        }
+    };
+    conn.lock().shm_bell_task = true;
+    /// Gives the doorbell back to the event thread if the task is dropped before the
+    /// connection is CLOSED (runtime shut down).
+    struct Guard(Arc<ConnShared>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let mut st = self.0.lock();
+            st.shm_bell_task = false;
+            st.bell_waker = None;
+            let open = st.conn.state() != crate::conn::State::Closed;
+            drop(st);
+            if open {
+                if let Some(s) = self.0.stack.upgrade() {
+                    s.wake();
+                }
+            }
+        }
+    }
+    let g = Guard(conn.clone());
+    rt.spawn(async move {
+        loop {
+            let ready = poll_fn(|cx| {
+                {
+                    let mut st = g.0.lock();
+                    if st.conn.state() == crate::conn::State::Closed {
+                        return Poll::Ready(false);
+                    }
+                    st.bell_waker = Some(cx.waker().clone());
+                }
+                match afd.poll_read_ready(cx) {
+                    Poll::Ready(Ok(mut r)) => {
+                        // Cleared before the eventfd is drained (shm_poll_live): a
+                        // ring after the drain is a new edge.
+                        r.clear_ready();
+                        Poll::Ready(true)
+                    }
+                    Poll::Ready(Err(_)) => Poll::Ready(false),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            if !ready || !g.0.shm_poll_live(std::time::Instant::now()) {
+                break;
+            }
+        }
+        drop(g);
+    });
 }
 
 impl AsyncRead for SmcStream {

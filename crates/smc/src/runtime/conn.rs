@@ -90,6 +90,11 @@ pub(crate) struct ConnState {
     pub shm_rx_sleepers: Vec<Arc<smc_verbs::EventFd>>,
     /// ... and in a blocking write (`tx_seq`).
     pub shm_tx_sleepers: Vec<Arc<smc_verbs::EventFd>>,
+    /// Same host: a tokio task of the stream's runtime watches the doorbell and takes
+    /// the ring (`api::tokio`), so the event thread leaves it alone.
+    pub shm_bell_task: bool,
+    /// That task's waker, woken when the connection reaches CLOSED (its end).
+    pub bell_waker: Option<Waker>,
 }
 
 impl ConnState {
@@ -116,6 +121,8 @@ impl ConnState {
             tx_drivers: Vec::new(),
             shm_rx_sleepers: Vec::new(),
             shm_tx_sleepers: Vec::new(),
+            shm_bell_task: false,
+            bell_waker: None,
         }
     }
 
@@ -449,6 +456,22 @@ impl ConnShared {
         self.drive(&mut st, now);
     }
 
+    /// [`ConnShared::shm_poll`] for the doorbell's tokio task: false (nothing taken)
+    /// once the connection is CLOSED. Looked at under the same lock as the drain: a
+    /// connection is released only once CLOSED, and its ring and doorbell may then
+    /// serve a later connection, whose CDCs this task must never take.
+    pub(crate) fn shm_poll_live(&self, now: Instant) -> bool {
+        let Some(p) = self.shm() else { return false };
+        let mut st = self.lock();
+        if st.conn.state() == crate::conn::State::Closed {
+            return false;
+        }
+        p.bell.drain();
+        self.shm_drain(p, &mut st, now);
+        self.drive(&mut st, now);
+        true
+    }
+
     fn shm_drain(&self, p: &ShmPath, st: &mut ConnState, now: Instant) {
         let Path::Shm(rings) = &mut st.path else {
             return;
@@ -516,6 +539,12 @@ impl ConnShared {
             st.tcp_fin_sent = true;
             if let Some(t) = &st.tcp {
                 let _ = t.shutdown(std::net::Shutdown::Write);
+            }
+        }
+        if ev.contains(Events::CLOSED) {
+            // The doorbell's task ends (api::tokio).
+            if let Some(w) = st.bell_waker.take() {
+                w.wake();
             }
         }
         if ev.intersects(Events::TCP_RESET | Events::CLOSED) {

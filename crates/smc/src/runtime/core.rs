@@ -1376,7 +1376,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
             for (t, c) in &core.shm_conns {
                 let Some(p) = c.shm() else { continue };
                 let st = c.lock();
-                if st.conn.state() != State::Closed {
+                if st.conn.state() != State::Closed && !st.shm_bell_task {
                     if st.shm_rx_sleepers.is_empty() && st.shm_tx_sleepers.is_empty() {
                         fds.push(pfd(p.bell.fd(), libc::POLLIN));
                         what.push(Fd::Bell(*t));
