@@ -124,6 +124,17 @@ impl Conn {
                 self.on_peer_abort(now);
                 return CdcOutcome::Accepted;
             }
+            if msg.conn_flags.contains(ConnStateFlags::PEER_CONN_CLOSED) {
+                // The peer's C crossed our A: nothing follows a C (TRM-2), so no A
+                // will come. CLOSED once ours is out (1B), without the abort timer.
+                self.cl.peer |= ConnStateFlags::PEER_CONN_CLOSED;
+                if self.cl.sent.contains(ConnStateFlags::PEER_CONN_ABORT) {
+                    self.enter_closed();
+                } else {
+                    self.set_state(State::ProcessAbort, now);
+                }
+                return CdcOutcome::Accepted;
+            }
             return CdcOutcome::Ignored;
         }
 

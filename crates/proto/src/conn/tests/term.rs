@@ -177,6 +177,28 @@ fn tc_term_04_close_with_unread_data_aborts() {
     assert_eq!(state(&sim, Side::B), State::Closed, "1B");
 }
 
+/// An abort crossing the peer's C (B closes with unread data while A's C is on its
+/// way): B's A went out, A's C arrives in PeerAbortWait and ends B's wait (no A follows
+/// a C, TRM-2); A takes B's A after its own C. Both CLOSED without a timer.
+#[test]
+fn an_abort_crossing_the_peers_close_ends_without_the_abort_timer() {
+    let mut sim = sim();
+    sim.write(Side::A, 1000, false);
+    sim.flush();
+    close(&mut sim, Side::A);
+    sim.post(Side::A);
+    close(&mut sim, Side::B);
+    assert_eq!(state(&sim, Side::B), State::PeerAbortWait);
+    sim.post(Side::B);
+    sim.deliver(Side::A);
+    sim.process(Side::B);
+    assert_eq!(state(&sim, Side::B), State::Closed, "A's C ends the wait");
+    sim.deliver(Side::B);
+    sim.process(Side::A);
+    assert_eq!(state(&sim, Side::A), State::Closed);
+    assert_eq!(sim.post(Side::A), 0, "nothing follows A's C");
+}
+
 /// TC-TERM-05 pending_close: close() returns at once; C goes out only after all data
 /// was written and every WRITE/CDC completed.
 #[test]
