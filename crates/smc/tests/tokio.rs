@@ -60,16 +60,40 @@ fn same_host_pair() -> (smc::Stack, smc::Stack) {
     pair_with(enable_same_host, enable_same_host)
 }
 
-/// Same host: a runtime task watches each stream's doorbell (api::tokio::watch_bell).
-/// Data both ways, a half-close, and then every task ended with its connection: no
-/// connection left, and no descriptor (each task watches a duplicate of its doorbell)
-/// beyond what the stacks keep for their next connections.
+/// Same host: a runtime task watches each stream's doorbell (api::tokio::watch_bell),
+/// one per connection (a cloned stream finds it running). Data both ways, a half-close,
+/// and then every task ended with its connection: no connection left, and no
+/// descriptor (each task watches a duplicate of its doorbell) beyond what the stacks
+/// keep for their next connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokio_same_host_streams_end_with_their_doorbell_tasks() {
     let _g = SERIAL.lock().await;
     let (srv, cli) = same_host_pair();
     let l = smc::tokio::SmcListener::bind_with(&srv, (server_ip().as_str(), 0)).unwrap();
     let addr = l.local_addr().unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    {
+        // Started at the first read or write, once per connection: two, though the
+        // client's connection has two streams.
+        // (The rendezvous completes without the server's accept().)
+        let c = tokio::task::block_in_place(|| smc::SmcStream::connect_with(&cli, addr)).unwrap();
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut c1 = smc::tokio::SmcStream::from_std(c.try_clone().unwrap()).unwrap();
+        let mut c2 = smc::tokio::SmcStream::from_std(c).unwrap();
+        assert!(c1.mode().is_same_host(), "{}", c1.mode());
+        let mut b = [0u8; 1];
+        c1.write_all(b"x").await.unwrap();
+        s.read_exact(&mut b).await.unwrap();
+        s.write_all(b"y").await.unwrap();
+        c2.read_exact(&mut b).await.unwrap();
+        c1.write_all(b"z").await.unwrap();
+        s.read_exact(&mut b).await.unwrap();
+        assert_eq!(
+            metrics.num_alive_tasks(),
+            2,
+            "one doorbell task per connection"
+        );
+    }
     // Rounds beyond what the stacks may keep: each keeps at most 16 regions free for
     // the other, each with its doorbell held by both stacks (samehost.rs, the leak
     // test); a duplicate left behind per connection would be two per round.
@@ -108,7 +132,6 @@ async fn tokio_same_host_streams_end_with_their_doorbell_tasks() {
     assert!(gone, "connections left: {:?}", srv.connections().len());
     // The doorbell tasks ended with their connections, the last ones too (woken by
     // CLOSED: no later connection rings their doorbells).
-    let metrics = tokio::runtime::Handle::current().metrics();
     let ended = wait_until(Duration::from_secs(10), || metrics.num_alive_tasks() == 0);
     assert!(ended, "{} tasks left", metrics.num_alive_tasks());
     let before = before.unwrap();
@@ -132,9 +155,20 @@ fn tokio_same_host_doorbell_returns_to_the_event_thread_without_a_runtime() {
     });
     let addr = l.local_addr().unwrap();
     let t = std::thread::spawn(move || smc::SmcStream::connect_with(&cli, addr).map(|c| (c, cli)));
-    let (s, _) = rt.block_on(l.accept()).unwrap();
+    let (mut s, _) = rt.block_on(l.accept()).unwrap();
     assert!(s.mode().is_same_host(), "{}", s.mode());
     let (mut c, _cli) = t.join().unwrap().unwrap();
+    // A first read starts the doorbell's task on this runtime; then the runtime goes.
+    rt.block_on(async {
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(Duration::from_millis(20), s.read(&mut b)).await;
+        assert!(r.is_err(), "nothing to read yet");
+    });
+    assert_eq!(
+        rt.metrics().num_alive_tasks(),
+        1,
+        "the doorbell's task runs"
+    );
     drop(rt);
     // The peer writes: its CDC reaches our ring, and only the event thread is left to
     // take it (the connection counts what it received then).

@@ -32,6 +32,9 @@ enum Inner {
 /// An SMC-R stream (or TCP fallback) for tokio.
 pub struct SmcStream {
     inner: Inner,
+    /// Same host: whether the doorbell's task was asked for yet ([`watch_bell`], at the
+    /// first read or write, on the runtime that polls it).
+    bell_asked: bool,
 }
 
 impl std::fmt::Debug for SmcStream {
@@ -62,11 +65,9 @@ impl SmcStream {
     /// Wraps a blocking [`super::SmcStream`] (must be called inside a tokio runtime).
     pub fn from_std(s: super::SmcStream) -> io::Result<SmcStream> {
         Ok(SmcStream {
+            bell_asked: false,
             inner: match s.into_parts() {
-                Ok(h) => {
-                    watch_bell(&h.conn);
-                    Inner::Smc(h)
-                }
+                Ok(h) => Inner::Smc(h),
                 Err((t, r)) => {
                     t.set_nonblocking(true)?;
                     Inner::Tcp(tokio::net::TcpStream::from_std(t)?, r)
@@ -110,43 +111,42 @@ impl SmcStream {
     }
 }
 
-/// Same host: starts the task that watches the connection's doorbell on the current
-/// runtime (docs/samehost.md "Waking"). It takes the ring when the peer rings, as the
+/// Set once a runtime without its I/O driver refused a doorbell (tokio panics there):
+/// later streams do not try again.
+static NO_IO_DRIVER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Same host: starts the task that watches the connection's doorbell on the runtime that
+/// polls the stream (docs/samehost.md "Waking"), at its first read or write — so that a
+/// stream made in one runtime and used in another is watched where it is used, and one
+/// never polled asks for nothing. The task takes the ring when the peer rings, as the
 /// event thread would, and whatever that wakes (this stream's reader or writer) runs
-/// next on the same worker: one thread woken per CDC instead of two. It holds the
-/// connection's state, not the application's handle (which alone closes it), watches a
-/// duplicate of the doorbell (an eventfd may serve a later connection once this one is
-/// released, and a registration by number must not outlive this task), and ends when
-/// the connection is CLOSED (its last CDC taken) or its runtime drops it (the event
-/// thread then watches the doorbell again). Without a runtime or a descriptor, the
-/// event thread watches it as before.
+/// next on the same worker: one thread woken per CDC instead of two. One task per
+/// connection (a `try_clone`d stream finds it running). It holds the connection's
+/// state, not the application's handle (which alone closes it), watches a duplicate of
+/// the doorbell (an eventfd may serve a later connection once this one is released,
+/// and a registration by number must not outlive this task), and ends when the
+/// connection is CLOSED (its last CDC taken) or its runtime drops it (the event thread
+/// then watches the doorbell again). Without a runtime, its I/O driver or a
+/// descriptor, the event thread watches it as before.
 fn watch_bell(conn: &Arc<ConnShared>) {
+    use std::sync::atomic::Ordering;
     use tokio::io::unix::AsyncFd;
     let Some(p) = conn.shm() else { return };
+    if NO_IO_DRIVER.load(Ordering::Relaxed) {
+        return;
+    }
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let Ok(fd) = p.bell.as_fd().try_clone_to_owned() else {
-        return;
-    };
-    let fd = smc_verbs::process::lift(fd);
-    let afd = {
-        let _g = rt.enter();
-        // SAFETY: an OwnedFd stays open, on the same file, and returns the same number
-        // for as long as the AsyncFd owns it.
-        match unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-            .map_err(io::Error::from)
-        {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::debug!(error = %e, "doorbell not watched by the runtime");
-                return;
-            }
+    {
+        let mut st = conn.lock();
+        if st.shm_bell_task || st.conn.state() == crate::conn::State::Closed {
+            return;
         }
-    };
-    conn.lock().shm_bell_task = true;
-    /// Gives the doorbell back to the event thread if the task is dropped before the
-    /// connection is CLOSED (runtime shut down).
+        st.shm_bell_task = true;
+    }
+    /// Gives the doorbell back to the event thread when the task ends or never starts
+    /// while the connection is open (its runtime shut down, no descriptor).
     struct Guard(Arc<ConnShared>);
     impl Drop for Guard {
         fn drop(&mut self) {
@@ -163,6 +163,31 @@ fn watch_bell(conn: &Arc<ConnShared>) {
         }
     }
     let g = Guard(conn.clone());
+    let Ok(fd) = p.bell.as_fd().try_clone_to_owned() else {
+        return;
+    };
+    let fd = smc_verbs::process::lift(fd);
+    // tokio panics, rather than fails, on a runtime built without `enable_io`.
+    let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: an OwnedFd stays open, on the same file, and returns the same number
+        // for as long as the AsyncFd owns it.
+        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+            .map_err(io::Error::from)
+    }));
+    let afd = match registered {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "doorbell not watched by the runtime");
+            return;
+        }
+        Err(_) => {
+            NO_IO_DRIVER.store(true, Ordering::Relaxed);
+            tracing::warn!(
+                "a tokio runtime without I/O: same-host doorbells stay with the event thread"
+            );
+            return;
+        }
+    };
     rt.spawn(async move {
         loop {
             let ready = poll_fn(|cx| {
@@ -199,9 +224,14 @@ impl AsyncRead for SmcStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().inner {
+        let this = self.get_mut();
+        match &mut this.inner {
             Inner::Tcp(t, _) => Pin::new(t).poll_read(cx, buf),
             Inner::Smc(h) => {
+                if !this.bell_asked {
+                    this.bell_asked = true;
+                    watch_bell(&h.conn);
+                }
                 for attempt in 0..2 {
                     match h.read(buf.initialize_unfilled(), Some(Wait::Never)) {
                         Ok(n) => {
@@ -230,9 +260,14 @@ impl AsyncWrite for SmcStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().inner {
+        let this = self.get_mut();
+        match &mut this.inner {
             Inner::Tcp(t, _) => Pin::new(t).poll_write(cx, buf),
             Inner::Smc(h) => {
+                if !this.bell_asked {
+                    this.bell_asked = true;
+                    watch_bell(&h.conn);
+                }
                 for attempt in 0..2 {
                     match h.write(buf, Some(Wait::Never)) {
                         Ok(n) => return Poll::Ready(Ok(n)),
