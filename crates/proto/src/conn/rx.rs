@@ -126,9 +126,10 @@ impl Conn {
             }
             if msg.conn_flags.contains(ConnStateFlags::PEER_CONN_CLOSED) {
                 // The peer's C crossed our A: nothing follows a C (TRM-2), so no A
-                // will come. CLOSED once ours is out (1B), without the abort timer.
+                // will come. CLOSED once ours is confirmed (as 2B), without the abort
+                // timer; until then a failover still replays it.
                 self.cl.peer |= ConnStateFlags::PEER_CONN_CLOSED;
-                if self.cl.sent.contains(ConnStateFlags::PEER_CONN_ABORT) {
+                if self.cl.confirmed.contains(ConnStateFlags::PEER_CONN_ABORT) {
                     self.enter_closed();
                 } else {
                     self.set_state(State::ProcessAbort, now);

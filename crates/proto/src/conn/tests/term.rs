@@ -178,25 +178,52 @@ fn tc_term_04_close_with_unread_data_aborts() {
 }
 
 /// An abort crossing the peer's C (B closes with unread data while A's C is on its
-/// way): B's A went out, A's C arrives in PeerAbortWait and ends B's wait (no A follows
-/// a C, TRM-2); A takes B's A after its own C. Both CLOSED without a timer.
+/// way): A's C arriving in PeerAbortWait ends B's wait, since no A follows a C (TRM-2).
+/// B is CLOSED once its own A is confirmed — at once if it was, else through
+/// ProcessAbort — and A takes B's A after its own C. Both CLOSED without a timer.
 #[test]
 fn an_abort_crossing_the_peers_close_ends_without_the_abort_timer() {
-    let mut sim = sim();
-    sim.write(Side::A, 1000, false);
-    sim.flush();
-    close(&mut sim, Side::A);
-    sim.post(Side::A);
-    close(&mut sim, Side::B);
-    assert_eq!(state(&sim, Side::B), State::PeerAbortWait);
-    sim.post(Side::B);
-    sim.deliver(Side::A);
-    sim.process(Side::B);
-    assert_eq!(state(&sim, Side::B), State::Closed, "A's C ends the wait");
-    sim.deliver(Side::B);
-    sim.process(Side::A);
-    assert_eq!(state(&sim, Side::A), State::Closed);
-    assert_eq!(sim.post(Side::A), 0, "nothing follows A's C");
+    // How far B's A got before A's C arrives: confirmed, posted only, not posted.
+    for stage in 0..3 {
+        let mut sim = sim();
+        sim.write(Side::A, 1000, false);
+        sim.flush();
+        close(&mut sim, Side::A);
+        sim.post(Side::A);
+        close(&mut sim, Side::B);
+        assert_eq!(state(&sim, Side::B), State::PeerAbortWait);
+        sim.take_trace();
+        if stage < 2 {
+            assert_eq!(sim.post(Side::B), 1);
+        }
+        if stage == 0 {
+            while sim.deliver(Side::B) {}
+            while sim.complete(Side::B) {}
+        }
+        sim.deliver(Side::A);
+        sim.process(Side::B);
+        if stage == 0 {
+            assert_eq!(state(&sim, Side::B), State::Closed, "A's C ends the wait");
+        } else {
+            // Until its A is confirmed (a failover would still replay it).
+            assert_eq!(state(&sim, Side::B), State::ProcessAbort, "stage {stage}");
+            sim.post(Side::B);
+            while sim.deliver(Side::B) {}
+            while sim.complete(Side::B) {}
+            assert_eq!(
+                state(&sim, Side::B),
+                State::Closed,
+                "once its A is confirmed"
+            );
+        }
+        let t = sim.take_trace();
+        let from_b: Vec<_> = t.iter().filter(|i| i.from == Side::B).collect();
+        assert_eq!(from_b.len(), 1, "one A from B, nothing else");
+        assert_eq!(from_b[0].cdc.conn_flags, ConnStateFlags::PEER_CONN_ABORT);
+        while sim.process(Side::A).is_some() {}
+        assert_eq!(state(&sim, Side::A), State::Closed);
+        assert_eq!(sim.post(Side::A), 0, "nothing follows A's C");
+    }
 }
 
 /// TC-TERM-05 pending_close: close() returns at once; C goes out only after all data
