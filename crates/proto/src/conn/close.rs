@@ -203,14 +203,24 @@ impl Conn {
         self.cl.want |= ConnStateFlags::PEER_CONN_ABORT;
         self.events |= Events::TRANSMIT;
         if self.cl.peer.contains(ConnStateFlags::PEER_CONN_CLOSED) {
-            // The peer's C came first: nothing may follow it (TRM-2), so no A will
-            // answer ours, and waiting for one (1A) would only hold the RMBE until the
-            // 1B timer. Ours goes out, and once it is confirmed the connection is
-            // CLOSED, as a passive aborter's (2B).
-            self.set_state(State::ProcessAbort, now);
+            // The peer's C came first.
+            self.abort_after_peer_close(now);
             return;
         }
         self.set_state(State::PeerAbortWait, now);
+    }
+
+    /// Our abort with the peer's C in (it came first, or crossed our A): nothing may
+    /// follow a C (TRM-2), so no A will answer ours, and waiting for one (1A) would only
+    /// hold the RMBE until the 1B timer. CLOSED once our A is confirmed, as a passive
+    /// aborter's (2B): at once if it is, else in ProcessAbort (a failover still replays
+    /// an A only posted).
+    pub(super) fn abort_after_peer_close(&mut self, now: Instant) {
+        if self.cl.confirmed.contains(ConnStateFlags::PEER_CONN_ABORT) {
+            self.enter_closed();
+        } else {
+            self.set_state(State::ProcessAbort, now);
+        }
     }
 
     /// A close flag has just been posted: Fig 22 transitions 3A, 4B, 4C, 3D.

@@ -125,15 +125,9 @@ impl Conn {
                 return CdcOutcome::Accepted;
             }
             if msg.conn_flags.contains(ConnStateFlags::PEER_CONN_CLOSED) {
-                // The peer's C crossed our A: nothing follows a C (TRM-2), so no A
-                // will come. CLOSED once ours is confirmed (as 2B), without the abort
-                // timer; until then a failover still replays it.
+                // The peer's C crossed our A.
                 self.cl.peer |= ConnStateFlags::PEER_CONN_CLOSED;
-                if self.cl.confirmed.contains(ConnStateFlags::PEER_CONN_ABORT) {
-                    self.enter_closed();
-                } else {
-                    self.set_state(State::ProcessAbort, now);
-                }
+                self.abort_after_peer_close(now);
                 return CdcOutcome::Accepted;
             }
             return CdcOutcome::Ignored;
