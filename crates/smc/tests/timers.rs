@@ -1,5 +1,6 @@
 //! Link-group timers with short configured values: the idle teardown (RFC 7609 §3.5.4)
-//! and TEST LINK keepalive (§4.5.3); and SMC-Rv2 selected by configuration (UEIDs).
+//! and TEST LINK keepalive (§4.5.3); SMC-Rv2 selected by configuration (UEIDs); a
+//! connection's termination timer (§4.8.1) waking the event thread in time.
 
 mod common;
 
@@ -118,4 +119,35 @@ fn smc_rv2_when_both_have_a_common_ueid() {
         "{m2}"
     );
     assert_eq!(cli.link_groups()[0].version, 2);
+}
+
+/// A connection's deadline wakes the event thread when it is earlier than the wake-up
+/// the thread planned (runtime/timers.rs): a close whose peer never answers ends at its
+/// termination timer (100 ms here), not when the event thread happens to wake next (it
+/// plans up to 500 ms ahead). A liveness bound with room for a loaded machine.
+#[test]
+fn a_connection_timer_wakes_the_event_thread() {
+    let short = |c: &mut smc::StackConfig| c.conn.close_timeout = Duration::from_millis(100);
+    let (srv, cli) = pair_with(|_| {}, short);
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        // Held open, never closed: the client's close gets no answer.
+        let s = l.accept().unwrap().0;
+        (s, l, srv)
+    });
+    let c = smc::SmcStream::connect_with(&cli, addr).unwrap();
+    assert!(c.mode().is_smc(), "{}", c.mode());
+    let _held = server.join().unwrap();
+    // Let the event thread plan its next sleep while nothing is due.
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = std::time::Instant::now();
+    drop(c);
+    let ended = wait_until(Duration::from_secs(5), || cli.connections().is_empty());
+    let took = t0.elapsed();
+    assert!(ended, "{:?}", cli.connections());
+    assert!(
+        took < Duration::from_millis(400),
+        "the close ended after {took:?}, its timer was 100 ms"
+    );
 }
