@@ -460,6 +460,7 @@ impl ConnShared {
     /// once the connection is CLOSED. Looked at under the same lock as the drain: a
     /// connection is released only once CLOSED, and its ring and doorbell may then
     /// serve a later connection, whose CDCs this task must never take.
+    #[cfg(feature = "tokio")]
     pub(crate) fn shm_poll_live(&self, now: Instant) -> bool {
         let Some(p) = self.shm() else { return false };
         let mut st = self.lock();
