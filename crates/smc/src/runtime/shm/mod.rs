@@ -152,6 +152,10 @@ struct Session {
     /// the others), so `peer_maps` beyond that (plus a margin) is a misbehaving peer,
     /// whose session goes rather than let it pile up our mappings and descriptors.
     live: usize,
+    /// Hellos of ours sent on it (client, subsequent contact) whose rendezvous has not
+    /// looked for the answer yet: while there are any, the session is kept aside when it
+    /// is replaced or ends (`SameHost::end_session`).
+    out: usize,
 }
 
 impl Session {
@@ -165,6 +169,7 @@ impl Session {
             free: Vec::new(),
             peer_maps: HashMap::new(),
             live: 0,
+            out: 0,
         })
     }
 
@@ -198,13 +203,18 @@ impl Session {
         Ok(())
     }
 
-    /// The hello for `nonce`, if it came (reading the socket first).
+    /// The hello for `nonce`, if it came (reading the socket first). A whole hello read
+    /// before the stream's end or a broken one counts: the peer sent it, then closed
+    /// (a server answers on a session, then may replace it).
     fn take(&mut self, nonce: u64) -> io::Result<Option<Received>> {
         if let Some(r) = self.inbox.remove(&nonce) {
             return Ok(Some(r));
         }
-        self.drain()?;
-        Ok(self.inbox.remove(&nonce))
+        let drained = self.drain();
+        if let Some(r) = self.inbox.remove(&nonce) {
+            return Ok(Some(r));
+        }
+        drained.map(|()| None)
     }
 }
 
@@ -217,6 +227,11 @@ pub(crate) struct SameHost {
     /// Open sessions with other stacks, by their stack id (lock order: `pending`, then
     /// `sessions`, then `routes`).
     sessions: Mutex<HashMap<u64, Session>>,
+    /// Client: sessions replaced or ended while hellos of ours sent on them were still
+    /// to be answered (`end_session`); each goes once the last of them has been looked
+    /// for. Never used for new hellos, out of the epoll set (lock order: after
+    /// `sessions`).
+    retired: Mutex<Vec<Session>>,
     /// Client: which stack served an address last (its same-host Accept).
     routes: Mutex<HashMap<SocketAddr, u64>>,
     /// Numbers for our regions and for sessions.
@@ -247,6 +262,7 @@ impl SameHost {
             rmb_len: rmb_len as u32,
             pending: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
             routes: Mutex::new(HashMap::new()),
             next_num: AtomicU64::new(1),
             sess_epoll: rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
@@ -352,10 +368,13 @@ impl SameHost {
             Ok(rx)
         })();
         match made {
-            Ok(rx) => Some(PreOffer { link, rx }),
+            Ok(rx) => {
+                s.out += 1;
+                Some(PreOffer { link, rx })
+            }
             Err(e) => {
                 debug!(error = %e, stack = format_args!("{stack:016x}"), "same-host session dropped");
-                sessions.remove(&stack);
+                self.end_session(&mut sessions, stack);
                 None
             }
         }
@@ -396,27 +415,45 @@ impl SameHost {
         let Some(pre) = x.pre.take() else {
             return false;
         };
-        let live = ss.get(&server_stack).is_some_and(|s| s.gen == pre.link.gen);
-        if pre.link.stack != server_stack || !live {
-            // Another stack serves that address now (or the session was replaced): the
-            // memory we sent was never used by this rendezvous.
-            give_back_in(&mut ss, pre.link, pre.rx, false, false);
+        let Ok(mut retired) = self.retired.lock() else {
+            return false;
+        };
+        let link = pre.link;
+        if link.stack != server_stack {
+            // Another stack serves that address now: the memory we sent was never used
+            // by this rendezvous.
+            hello_done(&mut ss, &mut retired, link);
+            give_back_in(&mut ss, link, pre.rx, false, false);
             return false;
         }
-        let s = ss.get_mut(&server_stack).expect("checked above");
+        // The session the hello went on: ours with that stack still, or one kept aside
+        // since (replaced by another rendezvous's exchange, or ended by the server after
+        // it answered: the answer is still there to read).
+        let live = ss.get(&server_stack).is_some_and(|s| s.gen == link.gen);
+        let aside = retired.iter().position(|s| s.gen == link.gen);
+        let s = match (live, aside) {
+            (true, _) => ss.get_mut(&server_stack).expect("checked above"),
+            (false, Some(i)) => &mut retired[i],
+            (false, None) => {
+                // Gone without a trace: dropped as broken.
+                return false;
+            }
+        };
         let r = match s.take(nonce) {
             Ok(Some(r)) if r.hello.status == HELLO_ACCEPTED => {
                 let pid = s.peer_pid;
                 peer_mem(&r.hello, r.fds, Some(&mut *s))
-                    .map(|tx| finish_setup(pre.rx, x.token, &r.hello, tx, pid, Some(pre.link)))
+                    .map(|tx| finish_setup(pre.rx, x.token, &r.hello, tx, pid, Some(link)))
                     .map_err(|e| (e, None))
             }
             Ok(_) => Err((io::Error::other("no answer on the session"), Some(pre))),
             Err(e) => Err((e, Some(pre))),
         };
-        match r {
+        let ok = match r {
             Ok(setup) => {
-                s.live += 1;
+                if live {
+                    s.live += 1;
+                }
                 x.ready = Some(setup);
                 true
             }
@@ -427,10 +464,19 @@ impl SameHost {
                 if let Some(pre) = pre {
                     give_back_in(&mut ss, pre.link, pre.rx, false, false);
                 }
-                ss.remove(&server_stack);
-                false
+                match aside {
+                    Some(i) if !live => {
+                        retired.swap_remove(i);
+                    }
+                    _ => {
+                        ss.remove(&server_stack);
+                    }
+                }
+                return false;
             }
-        }
+        };
+        hello_done(&mut ss, &mut retired, link);
+        ok
     }
 
     /// Our memory for a connection with the peer of `session`: a free region of it, or a
@@ -462,6 +508,24 @@ impl SameHost {
         }
     }
 
+    /// Drops our session with `stack` (broken, replaced, or ended by its peer). While
+    /// hellos of ours sent on it have not been looked for, it is kept aside instead —
+    /// out of the epoll set, never used for new hellos: a server that found one there
+    /// answered on it and is committed (its Accept is on the way), and the client's
+    /// rendezvous reads that answer there when the Accept comes.
+    fn end_session(&self, ss: &mut HashMap<u64, Session>, stack: u64) {
+        let Some(s) = ss.remove(&stack) else { return };
+        if s.out == 0 {
+            return;
+        }
+        if let Some(ep) = &self.sess_epoll {
+            let _ = rustix::event::epoll::delete(ep, &s.stream);
+        }
+        if let Ok(mut r) = self.retired.lock() {
+            r.push(s);
+        }
+    }
+
     /// Keeps `stream` as our session with `stack` (replacing an older one), watched for
     /// its end. Without the watch no session is kept (it could never be reaped).
     fn add_session(
@@ -473,8 +537,9 @@ impl SameHost {
     ) -> Option<SessionLink> {
         use rustix::event::epoll;
         let ep = self.sess_epoll.as_ref()?;
-        // The older one's descriptor leaves the epoll set as it closes.
-        sessions.remove(&stack);
+        // The older one's descriptor leaves the epoll set as it closes (or is taken out
+        // of it, kept aside for hellos of ours still out on it).
+        self.end_session(sessions, stack);
         let gen = self.next_num.fetch_add(1, Ordering::Relaxed);
         let s = Session::new(stream, pid, gen).ok()?;
         epoll::add(
@@ -528,7 +593,7 @@ impl SameHost {
                     stack = format_args!("{stack:016x}"),
                     "same-host session ended by its peer"
                 );
-                ss.remove(&stack);
+                self.end_session(&mut ss, stack);
             }
         }
     }
@@ -555,6 +620,9 @@ impl SameHost {
         if let Some(pre) = x.pre {
             // Sent on the session but not used: the server may have mapped it.
             if let Ok(mut ss) = self.sessions.lock() {
+                if let Ok(mut retired) = self.retired.lock() {
+                    hello_done(&mut ss, &mut retired, pre.link);
+                }
                 give_back_in(&mut ss, pre.link, pre.rx, false, false);
             }
         }
@@ -744,6 +812,9 @@ impl SameHost {
         if let Ok(mut s) = self.sessions.lock() {
             s.clear();
         }
+        if let Ok(mut r) = self.retired.lock() {
+            r.clear();
+        }
     }
 }
 
@@ -759,6 +830,21 @@ fn hello(nonce: u64, token: u32, rx: &OwnMem) -> SameHostHello {
 }
 
 /// See [`SameHost::give_back`]; with the sessions locked.
+/// A hello of ours sent on the session `link` has been looked for (or its rendezvous
+/// ended): a session kept aside for such hellos goes with the last of them.
+fn hello_done(ss: &mut HashMap<u64, Session>, retired: &mut Vec<Session>, link: SessionLink) {
+    if let Some(s) = ss.get_mut(&link.stack).filter(|s| s.gen == link.gen) {
+        s.out = s.out.saturating_sub(1);
+        return;
+    }
+    if let Some(i) = retired.iter().position(|s| s.gen == link.gen) {
+        retired[i].out = retired[i].out.saturating_sub(1);
+        if retired[i].out == 0 {
+            retired.swap_remove(i);
+        }
+    }
+}
+
 fn give_back_in(
     ss: &mut HashMap<u64, Session>,
     link: SessionLink,
@@ -1073,6 +1159,76 @@ mod tests {
 
     fn addr(n: u8) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, n], 5000))
+    }
+
+    /// A server that found a pre-offered hello on the session and answered it there is
+    /// committed (its Accept is on the way), so the client must find that answer even
+    /// when, meanwhile, its session with that stack was replaced (another rendezvous's
+    /// full exchange, as concurrent first contacts make) or ended (the server replaced
+    /// its end): without it the connection is reset. Both orders of the two events.
+    #[test]
+    fn an_answer_on_a_replaced_session_is_still_found() {
+        for replaced_first in [true, false] {
+            let dir = std::env::temp_dir().join(format!(
+                "smc-rs-shm-retired-{}-{replaced_first}",
+                std::process::id()
+            ));
+            let client = Arc::new(SameHost::new(dir.clone(), 64 << 10));
+            let server = Arc::new(SameHost::new(dir.clone(), 32 << 10));
+            let first = client.offer(1, addr(2)).expect("offer");
+            server.connect(&first, 100).expect("full exchange");
+            assert!(client.client_ready(first.nonce, server.stack_id));
+            drop(client.take(first.nonce));
+            // A: pre-offered on the session; the server takes it there and answers.
+            let a = client.offer(2, addr(2)).expect("offer");
+            assert!(client.pending.lock().unwrap()[&a.nonce].pre.is_some());
+            let sa = server.connect(&a, 200).expect("on the session");
+            // B: to another address of the same stack (no route yet): the full
+            // exchange, after which both sides keep B's connection as their session.
+            let b = client.offer(3, addr(3)).expect("offer");
+            assert!(client.pending.lock().unwrap()[&b.nonce].pre.is_none());
+            let sb = server.connect(&b, 300).expect("full exchange");
+            let ended = || {
+                // The server closed A's session when it replaced it.
+                let fd = client.sessions_fd().unwrap();
+                let mut pfd = [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::IN,
+                )];
+                let one_s = rustix::event::Timespec {
+                    tv_sec: 1,
+                    tv_nsec: 0,
+                };
+                rustix::event::poll(&mut pfd, Some(&one_s)).unwrap();
+                client.on_sessions();
+            };
+            if replaced_first {
+                assert!(client.client_ready(b.nonce, server.stack_id));
+                ended();
+            } else {
+                ended();
+                assert!(client.client_ready(b.nonce, server.stack_id));
+            }
+            assert!(
+                client.client_ready(a.nonce, server.stack_id),
+                "A's answer found on the session it came on (replaced first: {replaced_first})"
+            );
+            let ca = client.take(a.nonce).unwrap().1.unwrap();
+            assert_eq!((ca.peer_token, sa.peer_token), (200, 2));
+            sa.tx.region.data.write(3, b"late");
+            let mut got = [0u8; 4];
+            ca.rx.region.data.read(3, &mut got);
+            assert_eq!(&got, b"late");
+            let cb = client.take(b.nonce).unwrap().1.unwrap();
+            assert_eq!((cb.peer_token, sb.peer_token), (300, 3));
+            assert!(
+                client.retired.lock().unwrap().is_empty(),
+                "nothing of A's session kept once A is done"
+            );
+            client.shutdown();
+            server.shutdown();
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     /// The full exchange once, then every rendezvous between the same two stacks on
