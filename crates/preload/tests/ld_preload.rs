@@ -773,3 +773,201 @@ fn child_linger() {
         "child status {st}"
     );
 }
+
+/// What the program writes arrives in order and each write whole, however the writes
+/// meet the pump: one thread writing with every call of the family (write, writev,
+/// send, sendto, sendmsg) and an urgent byte in the middle while the reader waits (the
+/// connection fills, then the socketpair, then the writer blocks); four threads writing
+/// records at once; a non-blocking writer until EAGAIN, writable again once drained; a
+/// write after shutdown(SHUT_WR) fails with EPIPE. On both paths.
+#[test]
+fn writes_keep_order_under_ld_preload() {
+    for same_host in [false, true] {
+        let log = run_under_preload("child_writes", same_host);
+        assert_eq!(
+            log.lines().filter(|l| l.contains(" close ")).count(),
+            6,
+            "{log}"
+        );
+    }
+}
+
+/// The byte at `i` of a test stream.
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(2_654_435_761) >> 13) as u8
+}
+
+#[test]
+#[ignore = "run by writes_keep_order_under_ld_preload, under LD_PRELOAD"]
+fn child_writes() {
+    use std::io::IoSlice;
+    let server = std::env::var("SMC_PRELOAD_TEST_SERVER").expect("run by the parent test");
+    let l = TcpListener::bind(format!("{server}:0")).unwrap();
+    let addr = l.local_addr().unwrap();
+
+    // 1. One thread, every call of the family, 6 MiB, an urgent byte after the first
+    // half; the reader starts late.
+    const TOTAL: usize = 6 << 20;
+    const MARK: usize = TOTAL / 2;
+    let c = TcpStream::connect(addr).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let writer = std::thread::spawn(move || {
+        let fd = c.as_raw_fd();
+        let sizes = [1usize, 3, 100, 1000, 4096, 65536, 200_000, 17, 300_000];
+        let (mut off, mut k) = (0usize, 0usize);
+        while off < TOTAL {
+            let end = if off < MARK { MARK } else { TOTAL };
+            let len = sizes[k % sizes.len()].min(end - off);
+            let buf: Vec<u8> = (off..off + len).map(pattern).collect();
+            let (a, b) = buf.split_at(len / 2);
+            let iov = [IoSlice::new(a), IoSlice::new(b)];
+            // SAFETY (all five): our buffer/iovecs, valid for the call.
+            let n = match k % 5 {
+                0 => unsafe { libc::write(fd, buf.as_ptr().cast(), len) },
+                1 => unsafe { libc::writev(fd, iov.as_ptr().cast(), 2) },
+                2 => unsafe { libc::send(fd, buf.as_ptr().cast(), len, 0) },
+                3 => unsafe {
+                    libc::sendto(
+                        fd,
+                        buf.as_ptr().cast(),
+                        len,
+                        libc::MSG_NOSIGNAL,
+                        std::ptr::null(),
+                        0,
+                    )
+                },
+                _ => unsafe {
+                    let mut m: libc::msghdr = std::mem::zeroed();
+                    m.msg_iov = iov.as_ptr().cast_mut().cast();
+                    m.msg_iovlen = 2;
+                    libc::sendmsg(fd, &m, 0)
+                },
+            };
+            assert_eq!(
+                n,
+                len as isize,
+                "a blocking write writes all: {}",
+                std::io::Error::last_os_error()
+            );
+            off += len;
+            k += 1;
+            if off == MARK {
+                // SAFETY: sends one byte from our buffer.
+                assert_eq!(
+                    unsafe { libc::send(fd, b"U".as_ptr().cast(), 1, libc::MSG_OOB) },
+                    1
+                );
+            }
+        }
+        c.shutdown(Shutdown::Write).unwrap();
+        c
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut got = vec![0u8; MARK];
+    s.read_exact(&mut got).unwrap();
+    assert!(
+        got.iter().enumerate().all(|(i, b)| *b == pattern(i)),
+        "first half in order"
+    );
+    assert_ne!(
+        poll1(s.as_raw_fd(), libc::POLLPRI, 10_000) & libc::POLLPRI,
+        0
+    );
+    let mut u = 0u8;
+    // SAFETY: receives one byte into `u`.
+    let n = unsafe { libc::recv(s.as_raw_fd(), (&mut u as *mut u8).cast(), 1, libc::MSG_OOB) };
+    assert_eq!((n, u), (1, b'U'), "the urgent byte at its place");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest.len(), TOTAL - MARK);
+    assert!(
+        rest.iter()
+            .enumerate()
+            .all(|(i, b)| *b == pattern(MARK + i)),
+        "second half in order"
+    );
+    drop(writer.join().unwrap());
+    drop(s);
+
+    // 2. Four threads write 20,000-byte records at once; each arrives whole, each
+    // thread's in its order.
+    const RECORDS: usize = 300;
+    const REC: usize = 20_000;
+    let c2 = std::sync::Arc::new(TcpStream::connect(addr).unwrap());
+    let (mut s2, _) = l.accept().unwrap();
+    s2.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let writers: Vec<_> = (0..4u8)
+        .map(|t| {
+            let c2 = c2.clone();
+            std::thread::spawn(move || {
+                for seq in 0..RECORDS as u32 {
+                    let mut r = vec![t ^ seq as u8; REC];
+                    r[0] = t;
+                    r[1..5].copy_from_slice(&seq.to_le_bytes());
+                    // SAFETY: our record, valid for the call.
+                    let n = unsafe { libc::write(c2.as_raw_fd(), r.as_ptr().cast(), REC) };
+                    assert_eq!(n, REC as isize);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut next = [0u32; 4];
+    let mut r = vec![0u8; REC];
+    for _ in 0..4 * RECORDS {
+        s2.read_exact(&mut r).unwrap();
+        let t = r[0] as usize;
+        assert!(t < 4, "a record starts where one ended");
+        let seq = u32::from_le_bytes(r[1..5].try_into().unwrap());
+        assert_eq!(seq, next[t], "thread {t}'s records in order");
+        assert!(
+            r[5..].iter().all(|b| *b == t as u8 ^ seq as u8),
+            "record whole"
+        );
+        next[t] += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    drop(c2);
+    let mut tail = Vec::new();
+    s2.read_to_end(&mut tail).unwrap();
+    assert!(tail.is_empty());
+
+    // 3. Non-blocking: writes until EAGAIN (connection, then socketpair full), every
+    // byte arrives; the descriptor is writable again once the reader drained it; after
+    // shutdown(SHUT_WR) a write fails with EPIPE and the reader sees end of file.
+    let c3 = TcpStream::connect(addr).unwrap();
+    let (mut s3, _) = l.accept().unwrap();
+    s3.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c3.set_nonblocking(true).unwrap();
+    let mut written = 0usize;
+    loop {
+        let buf: Vec<u8> = (written..written + 65536).map(pattern).collect();
+        match (&c3).write(&buf) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => panic!("non-blocking write: {e}"),
+        }
+        assert!(written < 1 << 30, "never full");
+    }
+    let mut got = vec![0u8; written];
+    s3.read_exact(&mut got).unwrap();
+    assert!(got.iter().enumerate().all(|(i, b)| *b == pattern(i)));
+    assert_ne!(
+        poll1(c3.as_raw_fd(), libc::POLLOUT, 10_000) & libc::POLLOUT,
+        0
+    );
+    c3.shutdown(Shutdown::Write).unwrap();
+    // SAFETY: one byte from our buffer; MSG_NOSIGNAL: EPIPE instead of SIGPIPE.
+    let n = unsafe { libc::send(c3.as_raw_fd(), b"x".as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+    assert_eq!(n, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPIPE)
+    );
+    let mut tail = Vec::new();
+    s3.read_to_end(&mut tail).unwrap();
+    assert!(tail.is_empty(), "nothing after the half-close");
+}
