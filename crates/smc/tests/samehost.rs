@@ -630,3 +630,115 @@ fn one_stack_with_a_same_host_peer_and_an_smc_r_peer() {
     assert!(t1.2.stats().smc_total >= 20);
     drop(b);
 }
+
+/// A raw TCP connection from the client's address carrying a Proposal with a same-host
+/// offer naming `stack_id` (as an smc-rs client's does), nothing after it.
+fn raw_offer(to: SocketAddr, stack_id: u64, nonce: u64) -> std::net::TcpStream {
+    use smc_wire::clc::{
+        ClcMessage, Eyecatcher, IpArea, PathType, ProposalBody, ProposalRepr, SameHostOffer,
+        SmcdArea, V1Area,
+    };
+    let mut area = SmcdArea {
+        ism_gid: 0,
+        chid: 0,
+        vendor_oui: [0; 3],
+        vendor_exp_options: [0; 5],
+        reserved: [0; 20],
+    };
+    SameHostOffer { stack_id, nonce }.emit_into(&mut area);
+    let p = ClcMessage::Proposal(ProposalRepr {
+        eyecatcher: Eyecatcher::Smcr,
+        version: 1,
+        typev1: PathType::R,
+        typev2: PathType::R,
+        peer_id: Default::default(),
+        gid: Default::default(),
+        mac: Default::default(),
+        body: ProposalBody::V1 {
+            area: V1Area::Smcd(area),
+            ip: IpArea {
+                subnet: std::net::Ipv4Addr::new(127, 0, 0, 0),
+                prefix_len: 8,
+                ipv6_prefixes: Default::default(),
+            },
+        },
+    })
+    .to_vec()
+    .unwrap();
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::new(client_ip().parse().unwrap(), 0).into())
+        .unwrap();
+    s.connect(&to.into()).unwrap();
+    let mut t: std::net::TcpStream = s.into();
+    t.write_all(&p).unwrap();
+    t
+}
+
+/// A local process that offers the same-host path and then never answers on its socket
+/// (stopped, or hostile) holds up only its own rendezvous: the server's exchange with it
+/// runs on the stack's exchange thread, not on its event thread, so other connections
+/// open meanwhile as they always do, and the silent ones go on with SMC-R once their wait
+/// (`ClcConfig::same_host_timeout`) ends. On the event thread, 16 such offers held it
+/// about 4 s (each exchange waits 250 ms for an answer), and every connection with it.
+#[test]
+fn a_local_peer_that_never_answers_holds_up_only_its_own_rendezvous() {
+    let _serial = serial();
+    // The honest client does not offer: its connections need the server's event thread
+    // (CLC, then the link's LLC), not its exchange thread.
+    let (srv, cli) = sh_pair_with(|_| {}, |c| c.same_host = false);
+    let l = listen(&srv);
+    let addr = l.local_addr().unwrap();
+    let accepted = thread::spawn(move || {
+        (0..20)
+            .map(|_| l.accept().map(|(s, _)| s.mode()))
+            .collect::<Vec<_>>()
+    });
+    // A socket in the same-host directory that takes connections and never answers.
+    let silent: u64 = 0x5117_e000_0000_0001 | (u64::from(std::process::id()) << 16);
+    let dir = std::env::temp_dir().join("smc-rs-test-samehost");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{silent:016x}.sock"));
+    let _ = std::fs::remove_file(&path);
+    let ul = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    ul.set_nonblocking(true).unwrap();
+    let offers: Vec<_> = (0..16)
+        .map(|n| raw_offer(addr, silent, 0x5eed + n))
+        .collect();
+    // Let the server read the Proposals and start the exchanges.
+    thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    let conns: Vec<_> = (0..20)
+        .map(|_| {
+            let c = SmcStream::connect_with(&cli, addr).unwrap();
+            assert!(matches!(c.mode(), Mode::Smc { .. }), "{}", c.mode());
+            c
+        })
+        .collect();
+    let took = t0.elapsed();
+    for m in accepted.join().unwrap() {
+        assert!(matches!(m.unwrap(), Mode::Smc { .. }));
+    }
+    // The silent peer was asked (its socket has connections waiting).
+    let mut asked = 0;
+    while ul.accept().is_ok() {
+        asked += 1;
+    }
+    assert!(
+        asked >= 1,
+        "the server's exchange reached the silent socket"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "20 connections took {took:?} while a local peer did not answer"
+    );
+    // The silent ones: an SMC-R Accept (or a Decline) once their wait ended.
+    for mut t in offers {
+        t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut head = [0u8; 8];
+        t.read_exact(&mut head).expect("an answer after the wait");
+        assert_eq!(&head[..4], &[0xe2, 0xd4, 0xc3, 0xd9], "a CLC message");
+        assert_ne!(head[4], 0x81, "not a same-host Accept");
+    }
+    drop(conns);
+    let _ = std::fs::remove_file(&path);
+}

@@ -112,6 +112,10 @@ pub struct ClcConfig {
     /// Bound on a CONFIRM RKEY exchange the machine asked for (the llc machine has its
     /// own 2 s timer; this one only guarantees the rendezvous never hangs).
     pub rkey_timeout: Duration,
+    /// Server: wait for the runtime's same-host exchange ([`super::ServerSameHost::Later`],
+    /// the Unix-socket exchange with the client's stack, which runs off the event
+    /// thread); on expiry the offer is not taken and the rendezvous goes on with SMC-R.
+    pub same_host_timeout: Duration,
     /// Client: wait for the server's CONFIRM LINK after the Confirm (Linux 4 s,
     /// 2 × `SMC_LLC_WAIT_TIME`).
     pub client_confirm_link_timeout: Duration,
@@ -142,6 +146,7 @@ impl Default for ClcConfig {
             max_peer_rmbe_code: BufSize::LINUX_MAX_CODE,
             clc_timeout: Duration::from_secs(6),
             rkey_timeout: Duration::from_secs(3),
+            same_host_timeout: Duration::from_secs(1),
             client_confirm_link_timeout: Duration::from_secs(4),
             server_confirm_link_timeout: Duration::from_secs(2),
             add_link_timeout: Duration::from_secs(2),
@@ -167,6 +172,7 @@ impl ClcConfig {
         cap(self.clc_timeout)
             .saturating_mul(2)
             .saturating_add(cap(self.rkey_timeout))
+            .saturating_add(cap(self.same_host_timeout))
             .saturating_add(llc)
             .saturating_add(cap(self.add_link_timeout))
             .saturating_add(cap(self.decline_grace).saturating_mul(2))

@@ -103,6 +103,18 @@ pub struct LocalPrefix {
     pub prefix_len: u8,
 }
 
+/// What the runtime made of a client's same-host offer ([`ClcEnv::server_same_host`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerSameHost {
+    /// Done: the shared memory is set up; our stack id for the same-host Accept.
+    Taken(u64),
+    /// The exchange runs elsewhere (it may wait on the client's process): the
+    /// rendezvous waits for its outcome, at most `ClcConfig::same_host_timeout`.
+    Later,
+    /// Not taken: SMC-R as if nothing had been offered.
+    No,
+}
+
 /// Server per-connection facts: what may be accepted on this connection's route.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerRoute {
@@ -385,11 +397,13 @@ pub trait ClcEnv {
 
     /// Server: the client offered smc-rs's same-host path
     /// (`smc_wire::clc::samehost`). Prove that the client is on this host and set the
-    /// connection's shared memory up with it (the runtime's Unix-socket exchange);
-    /// `Some(our stack id)` when done, `None` to go on with SMC-R as if nothing had been
-    /// offered. The default takes no offer.
-    fn server_same_host(&mut self, _offer: &SameHostOffer) -> Option<u64> {
-        None
+    /// connection's shared memory up with it (the runtime's Unix-socket exchange):
+    /// [`ServerSameHost::Taken`] when done, [`ServerSameHost::Later`] when the exchange
+    /// runs elsewhere and its outcome comes through
+    /// [`super::Rendezvous::handle_same_host`], [`ServerSameHost::No`] to go on with
+    /// SMC-R as if nothing had been offered. The default takes no offer.
+    fn server_same_host(&mut self, _offer: &SameHostOffer) -> ServerSameHost {
+        ServerSameHost::No
     }
 
     /// Client: the server (stack `server_stack`, from its Accept) took our same-host

@@ -110,8 +110,8 @@ pub use config::{
 pub use env::{
     AcceptQuery, ClcEnv, ClientLgrRequest, ClientLookup, ClientRoute, ClientV2Route, ConnRef,
     LgrId, LgrLookup, LgrQuery, LinkId, LocalDevice, LocalLink, LocalPrefix, PeerLinkId, PeerQp,
-    PeerRmb, ProposalIp, RmbAlloc, RmbId, ServerLgrRequest, ServerRoute, V2Params, V2Route,
-    MAX_GID_LIST,
+    PeerRmb, ProposalIp, RmbAlloc, RmbId, ServerLgrRequest, ServerRoute, ServerSameHost, V2Params,
+    V2Route, MAX_GID_LIST,
 };
 pub use rendezvous::Rendezvous;
 pub use ueid::{Ueid, UeidError, UeidTable};

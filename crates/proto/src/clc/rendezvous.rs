@@ -174,6 +174,20 @@ impl Rendezvous {
         }
     }
 
+    /// Server: the outcome of the same-host exchange the environment ran elsewhere
+    /// ([`super::ServerSameHost::Later`]): `Some(our stack id)` when the offer is taken.
+    /// Ignored by a client, and once the server no longer waits.
+    pub fn handle_same_host<E: ClcEnv + ?Sized>(
+        &mut self,
+        now: Instant,
+        taken: Option<u64>,
+        env: &mut E,
+    ) {
+        if let Side::Server(s) = &mut self.side {
+            s.handle_same_host(now, taken, env);
+        }
+    }
+
     /// The CONFIRM RKEY asked for with [`Output::ConfirmRkey`] finished.
     pub fn handle_rkey_confirmed<E: ClcEnv + ?Sized>(
         &mut self,

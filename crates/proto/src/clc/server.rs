@@ -15,7 +15,7 @@ use super::config::ClcConfig;
 use super::core::{wait_until, Core, Incoming, LinkWait};
 use super::env::{
     ClcEnv, LgrId, LgrLookup, LgrQuery, LinkId, LocalLink, PeerLinkId, PeerQp, PeerRmb, RmbAlloc,
-    ServerLgrRequest, ServerRoute, V2Params, V2Route,
+    ServerLgrRequest, ServerRoute, ServerSameHost, V2Params, V2Route,
 };
 use super::negotiate::{server_choose, server_confirm_check, Choice};
 use super::{
@@ -27,6 +27,9 @@ use super::{
 enum State {
     /// Waiting for the Proposal (B.3.1 S2).
     WaitProposal,
+    /// The runtime's same-host exchange for the client's offer runs elsewhere
+    /// ([`ServerSameHost::Later`]); the Proposal waits in `Server::same_host_wait`.
+    WaitSameHost,
     /// CONFIRM RKEY for a new RMB before the Accept (§3.5.2.1, SC-S3).
     WaitRkey,
     /// Accept sent (B.3.1 S7).
@@ -57,6 +60,9 @@ pub(super) struct Server {
     route: ServerRoute,
     state: State,
     chosen: Option<Chosen>,
+    /// In [`State::WaitSameHost`]: the offer and the Proposal it came in, for the SMC-R
+    /// answer if the offer is not taken after all.
+    same_host_wait: Option<(SameHostOffer, ProposalRepr)>,
 }
 
 impl Server {
@@ -74,6 +80,7 @@ impl Server {
             route,
             state: State::Done,
             chosen: None,
+            same_host_wait: None,
         };
         match eligibility {
             Eligibility::NotEligible { reason } => m.core.not_eligible(reason),
@@ -94,7 +101,29 @@ impl Server {
             State::WaitProposal => Some(ClcType::Proposal),
             State::WaitConfirm => Some(ClcType::Confirm),
             State::Link(_) => Some(ClcType::Decline),
-            State::WaitRkey | State::Done => None,
+            State::WaitSameHost | State::WaitRkey | State::Done => None,
+        }
+    }
+
+    /// The outcome of a same-host exchange the environment ran elsewhere
+    /// ([`ServerSameHost::Later`]): `Some(our stack id)` takes the offer, `None` answers
+    /// the Proposal with SMC-R as if nothing had been offered. Ignored when no longer
+    /// waiting (expired: the SMC-R answer went already).
+    pub(super) fn handle_same_host<E: ClcEnv + ?Sized>(
+        &mut self,
+        now: Instant,
+        taken: Option<u64>,
+        env: &mut E,
+    ) {
+        if self.state != State::WaitSameHost {
+            return;
+        }
+        let Some((offer, p)) = self.same_host_wait.take() else {
+            return;
+        };
+        match taken {
+            Some(stack_id) => self.take_same_host(offer, stack_id),
+            None => self.answer_smcr(now, p, env),
         }
     }
 
@@ -145,6 +174,13 @@ impl Server {
         self.core.deadline = None;
         match self.state {
             State::WaitProposal => self.reset(ResetReason::Timeout(Waiting::Proposal), env),
+            // The exchange did not finish in time: SMC-R, as if nothing had been offered.
+            State::WaitSameHost => {
+                debug!("same-host exchange not done in time: SMC-R");
+                if let Some((_, p)) = self.same_host_wait.take() {
+                    self.answer_smcr(now, p, env);
+                }
+            }
             // Still before the Accept: decline.
             State::WaitRkey => self.decline(DeclineCode::ERR_REGBUF, false, env),
             State::WaitConfirm => self.reset(ResetReason::Timeout(Waiting::Confirm), env),
@@ -224,23 +260,39 @@ impl Server {
                 // smc-rs's same-host path (smc_wire::clc::samehost): taken only when the
                 // runtime proved the client is on this host and mapped the memory;
                 // otherwise the offer is ignored, as a Linux server ignores it.
-                if let Some(stack_id) = env.server_same_host(&offer) {
-                    self.core
-                        .send(ClcMessage::SameHostAccept(SameHostAcceptRepr {
-                            stack_id,
-                            nonce: offer.nonce,
-                        }));
-                    self.core.may_decline = false;
-                    self.core.finish_smc(Outcome::SameHost(SameHostEstablished {
-                        role: Role::Server,
-                        nonce: offer.nonce,
-                        peer_stack: offer.stack_id,
-                    }));
-                    self.state = State::Done;
-                    return;
+                match env.server_same_host(&offer) {
+                    ServerSameHost::Taken(stack_id) => return self.take_same_host(offer, stack_id),
+                    ServerSameHost::Later => {
+                        self.same_host_wait = Some((offer, p));
+                        self.core.deadline = Some(wait_until(now, self.cfg.same_host_timeout));
+                        self.state = State::WaitSameHost;
+                        return;
+                    }
+                    ServerSameHost::No => {}
                 }
             }
         }
+        self.answer_smcr(now, p, env);
+    }
+
+    /// The same-host Accept: the offer is taken (the shared memory is set up).
+    fn take_same_host(&mut self, offer: SameHostOffer, stack_id: u64) {
+        self.core
+            .send(ClcMessage::SameHostAccept(SameHostAcceptRepr {
+                stack_id,
+                nonce: offer.nonce,
+            }));
+        self.core.may_decline = false;
+        self.core.finish_smc(Outcome::SameHost(SameHostEstablished {
+            role: Role::Server,
+            nonce: offer.nonce,
+            peer_stack: offer.stack_id,
+        }));
+        self.state = State::Done;
+    }
+
+    /// The Proposal answered with SMC-R (or a Decline).
+    fn answer_smcr<E: ClcEnv + ?Sized>(&mut self, now: Instant, p: ProposalRepr, env: &mut E) {
         let choice = match server_choose(&p, &self.cfg, &self.route, |g| env.route_v2(g)) {
             Ok(c) => c,
             Err(code) => return self.decline(code, false, env),

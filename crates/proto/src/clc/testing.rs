@@ -137,8 +137,8 @@ pub struct FakeEnv {
     pub lgr_queries: Vec<LgrQuery>,
     pub server_requests: Vec<ServerLgrRequest>,
     pub client_requests: Vec<ClientLgrRequest>,
-    /// Server: take same-host offers, answering with this stack id.
-    pub same_host_grant: Option<u64>,
+    /// Server: what to make of same-host offers.
+    pub same_host_grant: super::ServerSameHost,
     /// Client: the shared memory of these nonces is ready.
     pub same_host_ready: Vec<u64>,
     /// Same-host offers the server was asked about.
@@ -172,7 +172,7 @@ impl FakeEnv {
             lgr_queries: Vec::new(),
             server_requests: Vec::new(),
             client_requests: Vec::new(),
-            same_host_grant: None,
+            same_host_grant: super::ServerSameHost::No,
             same_host_ready: Vec::new(),
             same_host_offers: Vec::new(),
         }
@@ -228,7 +228,7 @@ impl FakeEnv {
 }
 
 impl ClcEnv for FakeEnv {
-    fn server_same_host(&mut self, offer: &smc_wire::clc::SameHostOffer) -> Option<u64> {
+    fn server_same_host(&mut self, offer: &smc_wire::clc::SameHostOffer) -> super::ServerSameHost {
         self.same_host_offers.push(*offer);
         self.same_host_grant
     }

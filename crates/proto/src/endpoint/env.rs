@@ -243,7 +243,7 @@ impl<'a> Env<'a> {
 }
 
 impl ClcEnv for Env<'_> {
-    fn server_same_host(&mut self, offer: &smc_wire::clc::SameHostOffer) -> Option<u64> {
+    fn server_same_host(&mut self, offer: &smc_wire::clc::SameHostOffer) -> clc::ServerSameHost {
         self.host.same_host_server(self.tcp, offer)
     }
 

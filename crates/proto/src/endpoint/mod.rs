@@ -174,10 +174,11 @@ pub trait Host {
     fn conn_may_write(&mut self, token: u32) -> bool;
     /// Server: prove that the client behind `tcp` is an smc-rs stack on this host and
     /// set the connection's shared memory up with it (see
-    /// [`clc::ClcEnv::server_same_host`]); `Some(our stack id)` when ready. The default
-    /// (hosts without the same-host path, the simulator) takes no offer.
-    fn same_host_server(&mut self, _tcp: TcpId, _offer: &SameHostOffer) -> Option<u64> {
-        None
+    /// [`clc::ClcEnv::server_same_host`]): taken now, later (the outcome then comes
+    /// through [`Endpoint::same_host_done`]) or not. The default (hosts without the
+    /// same-host path, the simulator) takes no offer.
+    fn same_host_server(&mut self, _tcp: TcpId, _offer: &SameHostOffer) -> clc::ServerSameHost {
+        clc::ServerSameHost::No
     }
     /// Client: is the shared memory of our offer `nonce` on `tcp`, taken by the server's
     /// stack `server_stack`, ready?
@@ -539,6 +540,24 @@ impl Endpoint {
         });
         self.settle(now, host);
         took
+    }
+
+    /// Server: the outcome of the same-host exchange the host ran elsewhere
+    /// ([`clc::ServerSameHost::Later`]) for the rendezvous on `tcp`: `Some(our stack id)`
+    /// when the offer is taken. A rendezvous that no longer waits for it (ended, or
+    /// answered with SMC-R when its wait expired) ignores it: the host then gives back
+    /// what the exchange set up.
+    pub fn same_host_done(
+        &mut self,
+        now: Instant,
+        host: &mut dyn Host,
+        tcp: TcpId,
+        taken: Option<u64>,
+    ) {
+        self.step(now, host, tcp, |r, env| {
+            r.machine.handle_same_host(now, taken, env)
+        });
+        self.settle(now, host);
     }
 
     /// The peer's FIN on a rendezvous' TCP connection.

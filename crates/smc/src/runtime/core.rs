@@ -617,6 +617,29 @@ impl Core {
                 }
             }
             Inbox::ConnClosed(t) | Inbox::Released(t) => self.reap_check.push(t),
+            Inbox::SameHostDone { tcp, token, result } => {
+                let waiting = self.rdvs.contains_key(&tcp);
+                let stack_id = inner.same_host.as_ref().map(|s| s.stack_id);
+                match (result.0, stack_id) {
+                    (Ok(setup), Some(id)) if waiting => {
+                        // Kept until the rendezvous finishes (used, or its token given
+                        // back if it went on with SMC-R after its wait expired).
+                        self.host.same_host_ready.insert(tcp, setup);
+                        self.ep(inner, |ep, h| ep.same_host_done(now, h, tcp, Some(id)));
+                    }
+                    (Ok(setup), _) => {
+                        // The rendezvous ended meanwhile: the memory goes unused.
+                        release_token(inner, setup.local_token);
+                    }
+                    (Err(e), _) => {
+                        debug!(error = %e, "same-host offer not taken");
+                        release_token(inner, token);
+                        if waiting {
+                            self.ep(inner, |ep, h| ep.same_host_done(now, h, tcp, None));
+                        }
+                    }
+                }
+            }
         }
     }
 

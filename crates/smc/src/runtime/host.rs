@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 use super::conn::ConnShared;
 use super::link::{LinkRes, PeerQpAttr};
 use super::{sys, Inner};
-use crate::clc::{LgrId, V2Route};
+use crate::clc::{LgrId, ServerSameHost, V2Route};
 use crate::conn::State;
 use crate::endpoint::{DeviceInfo, Host, HostError};
 use crate::llc::{self, DeviceId, QpInfo, RToken};
@@ -341,19 +341,49 @@ impl Host for HostCtx<'_> {
         &mut self,
         tcp: crate::endpoint::TcpId,
         offer: &smc_wire::clc::SameHostOffer,
-    ) -> Option<u64> {
-        let sh = self.inner.same_host.as_ref()?;
-        let token = self.alloc_token(SAME_HOST_LGR)?;
-        match sh.connect(offer, token) {
-            Ok(setup) => {
+    ) -> ServerSameHost {
+        let Some(sh) = self.inner.same_host.clone() else {
+            return ServerSameHost::No;
+        };
+        let Some(token) = self.alloc_token(SAME_HOST_LGR) else {
+            return ServerSameHost::No;
+        };
+        // Subsequent contact: the client's hello on our session with its stack, read and
+        // answered without waiting.
+        match sh.connect_by_session(offer, token) {
+            Some(Ok(setup)) => {
                 self.st.same_host_ready.insert(tcp, setup);
-                Some(sh.stack_id)
+                return ServerSameHost::Taken(sh.stack_id);
             }
-            Err(e) => {
-                // Not on this host, another user, or no answer: SMC-R as usual.
+            Some(Err(e)) => {
                 debug!(error = %e, "same-host offer not taken");
                 self.release_token(token);
-                None
+                return ServerSameHost::No;
+            }
+            None => {}
+        }
+        // The full exchange waits on the client's process: on the exchange thread, whose
+        // outcome comes back to the event thread (Inbox::SameHostDone).
+        let inner = Arc::downgrade(self.inner);
+        let job = super::shm::ExchangeJob {
+            offer: *offer,
+            token,
+            done: Box::new(move |result| {
+                if let Some(inner) = inner.upgrade() {
+                    inner.post(super::Inbox::SameHostDone {
+                        tcp,
+                        token,
+                        result: super::SameHostOutcome(result),
+                    });
+                }
+            }),
+        };
+        match sh.connect_later(job) {
+            Ok(()) => ServerSameHost::Later,
+            Err(e) => {
+                debug!(error = %e, "same-host offer not taken");
+                self.release_token(token);
+                ServerSameHost::No
             }
         }
     }

@@ -540,6 +540,25 @@ pub(crate) enum Inbox {
     ConnClosed(u32),
     /// The application dropped its last handle on a connection.
     Released(u32),
+    /// Server: the exchange thread finished the same-host exchange of the rendezvous on
+    /// `tcp` (`host.rs`, `same_host_server`); `token` is the one it was given.
+    SameHostDone {
+        tcp: crate::endpoint::TcpId,
+        token: u32,
+        result: SameHostOutcome,
+    },
+}
+
+/// The outcome of a same-host exchange run on the exchange thread.
+pub(crate) struct SameHostOutcome(pub io::Result<shm::ShmSetup>);
+
+impl std::fmt::Debug for SameHostOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Ok(s) => write!(f, "Ok(token {:#x})", s.local_token),
+            Err(e) => write!(f, "Err({e})"),
+        }
+    }
 }
 
 /// What a rendezvous hands to the API.

@@ -740,7 +740,8 @@ fn absurd_timer_configuration_does_not_overflow() {
     c.decline_grace = Duration::MAX;
     assert_eq!(
         c.max_rendezvous_time(),
-        secs(3600.0 * 2.0 + 3.0 + 4.0 + 2.0 + 7200.0)
+        // clc ×2 (capped), rkey, same-host, client CONFIRM LINK, ADD LINK, grace ×2.
+        secs(3600.0 * 2.0 + 3.0 + 1.0 + 4.0 + 2.0 + 7200.0)
     );
     let now = t0();
     let (mut m, _) = client(now, &c);

@@ -53,7 +53,7 @@ fn server_takes_the_offer_and_client_completes() {
     let mut s = taking_server(now);
     assert!(drain(&mut s).is_empty());
     let mut senv = FakeEnv::new(SERVER_HOST);
-    senv.same_host_grant = Some(77);
+    senv.same_host_grant = ServerSameHost::Taken(77);
     let outs = feed_msg(&mut s, now, &ClcMessage::Proposal(p), &mut senv);
     assert_eq!(senv.same_host_offers, vec![OFFER]);
     let answer = match sent(&outs).as_slice() {
@@ -89,7 +89,7 @@ fn server_that_cannot_prove_it_goes_on_with_smc_r() {
     let (_, p) = offering_client(now);
     let mut s = taking_server(now);
     let mut senv = FakeEnv::new(SERVER_HOST);
-    senv.same_host_grant = None;
+    senv.same_host_grant = ServerSameHost::No;
     let outs = feed_msg(&mut s, now, &ClcMessage::Proposal(p), &mut senv);
     assert_eq!(senv.same_host_offers.len(), 1);
     only_accept(&outs);
@@ -101,7 +101,7 @@ fn server_with_the_path_off_never_asks() {
     let (_, p) = offering_client(now);
     let mut s = server(now, &cfg());
     let mut senv = FakeEnv::new(SERVER_HOST);
-    senv.same_host_grant = Some(1);
+    senv.same_host_grant = ServerSameHost::Taken(1);
     let outs = feed_msg(&mut s, now, &ClcMessage::Proposal(p), &mut senv);
     assert!(senv.same_host_offers.is_empty());
     only_accept(&outs);
@@ -151,4 +151,57 @@ fn offering_client_still_takes_a_normal_accept() {
     let mut cenv = FakeEnv::new(CLIENT_HOST);
     let outs = feed_msg(&mut c, now, &ClcMessage::Accept(a), &mut cenv);
     only_confirm(&outs);
+}
+
+/// A server whose runtime runs the exchange elsewhere (`ServerSameHost::Later`, so that
+/// a client's process cannot hold up its event thread) sends nothing until it knows:
+/// taken → the same-host Accept; not taken → the SMC-R Accept, as if nothing had been
+/// offered; no outcome within `same_host_timeout` → the SMC-R Accept, and an outcome
+/// after that changes nothing.
+#[test]
+fn server_waits_for_an_exchange_run_elsewhere() {
+    let now = t0();
+    for outcome in [Some(77), None] {
+        let (_, p) = offering_client(now);
+        let mut s = taking_server(now);
+        let mut senv = FakeEnv::new(SERVER_HOST);
+        senv.same_host_grant = ServerSameHost::Later;
+        let outs = feed_msg(&mut s, now, &ClcMessage::Proposal(p), &mut senv);
+        assert!(
+            sent(&outs).is_empty(),
+            "nothing sent while the exchange runs"
+        );
+        assert!(done(&outs).is_none());
+        assert_eq!(s.bytes_wanted(), 0, "no CLC message expected meanwhile");
+        assert_eq!(s.poll_timeout(), Some(now + cfg().same_host_timeout));
+        s.handle_same_host(now, outcome, &mut senv);
+        let outs = drain(&mut s);
+        match outcome {
+            Some(id) => {
+                assert!(matches!(
+                    sent(&outs).as_slice(),
+                    [ClcMessage::SameHostAccept(a)] if a.stack_id == id && a.nonce == OFFER.nonce
+                ));
+                assert!(matches!(done(&outs), Some(Outcome::SameHost(_))));
+                assert_no_leak(&senv, 0);
+            }
+            None => {
+                only_accept(&outs);
+            }
+        }
+    }
+    // Too late.
+    let (_, p) = offering_client(now);
+    let mut s = taking_server(now);
+    let mut senv = FakeEnv::new(SERVER_HOST);
+    senv.same_host_grant = ServerSameHost::Later;
+    feed_msg(&mut s, now, &ClcMessage::Proposal(p), &mut senv);
+    let late = now + cfg().same_host_timeout;
+    s.on_timeout(late, &mut senv);
+    only_accept(&drain(&mut s));
+    s.handle_same_host(late, Some(77), &mut senv);
+    assert!(
+        drain(&mut s).is_empty(),
+        "an outcome after the expiry changes nothing"
+    );
 }

@@ -105,6 +105,14 @@ struct PreOffer {
     rx: OwnMem,
 }
 
+/// A full exchange for the exchange thread ([`SameHost::connect_later`]), and what to do
+/// with its outcome there.
+pub(crate) struct ExchangeJob {
+    pub offer: SameHostOffer,
+    pub token: u32,
+    pub done: Box<dyn FnOnce(io::Result<ShmSetup>) + Send>,
+}
+
 /// A hello that came on a session before its rendezvous asked for it.
 struct Received {
     hello: SameHostHello,
@@ -245,6 +253,9 @@ pub(crate) struct SameHost {
     stop: AtomicBool,
     /// The socket thread, started with the first offer.
     thread: Mutex<Option<(PathBuf, JoinHandle<()>)>>,
+    /// Server: the exchange thread, which runs the full exchanges one after another
+    /// (started with the first; [`Self::connect_later`]).
+    exchanger: Mutex<Option<(std::sync::mpsc::Sender<ExchangeJob>, JoinHandle<()>)>>,
     /// The socket could not be created: no offers (logged once).
     broken: AtomicBool,
 }
@@ -270,6 +281,7 @@ impl SameHost {
                 .map(smc_verbs::process::lift),
             stop: AtomicBool::new(false),
             thread: Mutex::new(None),
+            exchanger: Mutex::new(None),
             broken: AtomicBool::new(false),
         }
     }
@@ -632,10 +644,55 @@ impl SameHost {
     /// Server: prove the offering client is on this host and exchange the memory: on
     /// our session with its stack if its hello is waiting there (subsequent contact),
     /// else over a new connection to its socket, kept as that session.
+    #[cfg(test)]
     pub(crate) fn connect(&self, offer: &SameHostOffer, token: u32) -> io::Result<ShmSetup> {
         if let Some(r) = self.connect_by_session(offer, token) {
             return r;
         }
+        self.connect_full(offer, token)
+    }
+
+    /// Server: runs the full exchange for `offer` ([`Self::connect_full`]) on the
+    /// stack's exchange thread and hands its outcome to `done` there: a client's process
+    /// that answers slowly or not at all (each step waits up to `exchange::IO_TIMEOUT`)
+    /// holds up only the first contacts queued behind it, which then go on with SMC-R
+    /// when their rendezvous stops waiting (`ClcConfig::same_host_timeout`) — never the
+    /// event thread and the connections it serves. An error when no thread can run it
+    /// (then `done` is dropped unrun).
+    pub(crate) fn connect_later(self: &Arc<Self>, job: ExchangeJob) -> io::Result<()> {
+        let mut x = self
+            .exchanger
+            .lock()
+            .map_err(|_| io::Error::other("poisoned"))?;
+        if x.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<ExchangeJob>();
+            // Not an Arc: the thread must not keep the stack's same-host state alive.
+            let me = Arc::downgrade(self);
+            let h = std::thread::Builder::new()
+                .name("smc-samehost-x".into())
+                .spawn(move || {
+                    for job in rx {
+                        let r = match me.upgrade() {
+                            Some(sh) => sh.connect_full(&job.offer, job.token),
+                            None => Err(io::Error::other("stack gone")),
+                        };
+                        (job.done)(r);
+                    }
+                })?;
+            *x = Some((tx, h));
+        }
+        let Some((tx, _)) = x.as_ref() else {
+            return Err(io::Error::other("no exchange thread"));
+        };
+        tx.send(job)
+            .map_err(|_| io::Error::other("exchange thread gone"))
+    }
+
+    /// Server: the full exchange over a new connection to the client's socket, kept as
+    /// our session with its stack. It waits on the client's process (its socket thread
+    /// answers; each step bounded by `exchange::IO_TIMEOUT`), so the runtime runs it on
+    /// the exchange thread ([`Self::connect_later`]), never on its event thread.
+    pub(crate) fn connect_full(&self, offer: &SameHostOffer, token: u32) -> io::Result<ShmSetup> {
         let path = Self::sock_path(&self.dir, offer.stack_id);
         let s = UnixStream::connect(&path)?;
         s.set_read_timeout(Some(exchange::IO_TIMEOUT))?;
@@ -670,7 +727,7 @@ impl SameHost {
 
     /// Subsequent contact, server side: `None` when the client's hello is not on our
     /// session with its stack (the full exchange follows), else the outcome.
-    fn connect_by_session(
+    pub(crate) fn connect_by_session(
         &self,
         offer: &SameHostOffer,
         token: u32,
@@ -799,6 +856,14 @@ impl SameHost {
     /// Stops the socket thread and removes the socket (stack shutdown).
     pub(crate) fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        // The exchange thread ends with its queue (what is queued still runs, bounded).
+        let x = self.exchanger.lock().ok().and_then(|mut x| x.take());
+        if let Some((tx, h)) = x {
+            drop(tx);
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
         let t = self.thread.lock().ok().and_then(|mut t| t.take());
         if let Some((path, h)) = t {
             // Wakes the blocking accept.
