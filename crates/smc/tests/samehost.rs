@@ -675,17 +675,21 @@ fn raw_offer(to: SocketAddr, stack_id: u64, nonce: u64) -> std::net::TcpStream {
 }
 
 /// A local process that offers the same-host path and then never answers on its socket
-/// (stopped, or hostile) holds up only its own rendezvous: the server's exchange with it
-/// runs on the stack's exchange thread, not on its event thread, so other connections
-/// open meanwhile as they always do, and the silent ones go on with SMC-R once their wait
-/// (`ClcConfig::same_host_timeout`) ends. On the event thread, 16 such offers held it
-/// about 4 s (each exchange waits 250 ms for an answer), and every connection with it.
+/// (stopped, or hostile: it listens with a backlog of 0 and never accepts, so that
+/// connecting to it waits too) holds up only its own rendezvous: the server's exchange
+/// with it runs on the stack's exchange thread, not on its event thread, every step of it
+/// bounded, so other connections open meanwhile as they always do, the silent ones go on
+/// with SMC-R once their wait (`ClcConfig::same_host_timeout`) ends, nothing is left
+/// behind, and the stack still stops at once. With the exchange on the event thread, 16
+/// such offers held it (and 20 connections with it) for 6 s; with an unbounded connect,
+/// for ever.
 #[test]
 fn a_local_peer_that_never_answers_holds_up_only_its_own_rendezvous() {
     let _serial = serial();
     // The honest client does not offer: its connections need the server's event thread
     // (CLC, then the link's LLC), not its exchange thread.
     let (srv, cli) = sh_pair_with(|_| {}, |c| c.same_host = false);
+    let before = srv.stats();
     let l = listen(&srv);
     let addr = l.local_addr().unwrap();
     let accepted = thread::spawn(move || {
@@ -699,7 +703,10 @@ fn a_local_peer_that_never_answers_holds_up_only_its_own_rendezvous() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{silent:016x}.sock"));
     let _ = std::fs::remove_file(&path);
-    let ul = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let us = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
+    us.bind(&socket2::SockAddr::unix(&path).unwrap()).unwrap();
+    us.listen(0).unwrap();
+    let ul: std::os::unix::net::UnixListener = us.into();
     ul.set_nonblocking(true).unwrap();
     let offers: Vec<_> = (0..16)
         .map(|n| raw_offer(addr, silent, 0x5eed + n))
@@ -718,15 +725,6 @@ fn a_local_peer_that_never_answers_holds_up_only_its_own_rendezvous() {
     for m in accepted.join().unwrap() {
         assert!(matches!(m.unwrap(), Mode::Smc { .. }));
     }
-    // The silent peer was asked (its socket has connections waiting).
-    let mut asked = 0;
-    while ul.accept().is_ok() {
-        asked += 1;
-    }
-    assert!(
-        asked >= 1,
-        "the server's exchange reached the silent socket"
-    );
     assert!(
         took < Duration::from_millis(1500),
         "20 connections took {took:?} while a local peer did not answer"
@@ -740,5 +738,43 @@ fn a_local_peer_that_never_answers_holds_up_only_its_own_rendezvous() {
         assert_ne!(head[4], 0x81, "not a same-host Accept");
     }
     drop(conns);
+    // Nothing left behind: no rendezvous, and the tokens of the exchanges given back
+    // (an exchange stuck in connect(2) would hold its own and those queued behind it).
+    let t = Instant::now();
+    let left = loop {
+        let now = srv.stats();
+        if now.handshakes == 0 && now.alert_tokens <= before.alert_tokens {
+            break None;
+        }
+        if t.elapsed() > Duration::from_secs(8) {
+            break Some(format!(
+                "left behind: {} rendezvous, {} tokens (before {})",
+                now.handshakes, now.alert_tokens, before.alert_tokens
+            ));
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    // Only now does the silent process take what waits in its backlog (the server's
+    // connection), which also frees an exchange stuck connecting, so that a failure
+    // here ends the test instead of hanging the stack's shutdown.
+    let mut asked = 0;
+    while ul.accept().is_ok() {
+        asked += 1;
+    }
+    if let Some(left) = left {
+        panic!("{left}");
+    }
+    assert!(
+        asked >= 1,
+        "the server's exchange reached the silent socket"
+    );
+    // The server stops at once (its exchange thread skips what no one waits for).
+    let t = Instant::now();
+    drop(srv);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "stopping took {:?}",
+        t.elapsed()
+    );
     let _ = std::fs::remove_file(&path);
 }

@@ -415,11 +415,14 @@ impl Core {
                 ))
             }
         };
-        if let Some((token, _)) = shm {
-            release_token(inner, token);
+        if let Some((token, setup)) = shm {
+            match setup {
+                Some(s) => drop_shm_setup(inner, s),
+                None => release_token(inner, token),
+            }
         }
         if let Some(s) = server_shm {
-            release_token(inner, s.local_token);
+            drop_shm_setup(inner, s);
         }
         match &origin {
             Origin::Connect(slot) => slot.complete(result),
@@ -629,7 +632,7 @@ impl Core {
                     }
                     (Ok(setup), _) => {
                         // The rendezvous ended meanwhile: the memory goes unused.
-                        release_token(inner, setup.local_token);
+                        drop_shm_setup(inner, setup);
                     }
                     (Err(e), _) => {
                         debug!(error = %e, "same-host offer not taken");
@@ -1528,6 +1531,16 @@ fn flush_out(r: &mut RdvIo) {
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => return,
         }
+    }
+}
+
+/// Same-host memory that no connection took (its rendezvous ended another way): its
+/// token goes back, and its region to its session as not clean, so that the peer is
+/// told to drop its mapping (and the session's count of live connections is right).
+fn drop_shm_setup(inner: &Inner, setup: super::shm::ShmSetup) {
+    release_token(inner, setup.local_token);
+    if let (Some(link), Some(sh)) = (setup.session, inner.same_host.as_ref()) {
+        sh.give_back(link, setup.rx, false);
     }
 }
 

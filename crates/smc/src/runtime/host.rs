@@ -368,6 +368,7 @@ impl Host for HostCtx<'_> {
         let job = super::shm::ExchangeJob {
             offer: *offer,
             token,
+            deadline: std::time::Instant::now() + self.inner.clc.same_host_timeout,
             done: Box::new(move |result| {
                 if let Some(inner) = inner.upgrade() {
                     inner.post(super::Inbox::SameHostDone {

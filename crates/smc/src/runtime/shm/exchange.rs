@@ -44,6 +44,18 @@ pub(crate) fn send(s: &UnixStream, h: &SameHostHello, fds: &[&OwnedFd]) -> io::R
     send_flags(s, h, fds, SendFlags::NOSIGNAL)
 }
 
+/// Connects to a stack's socket with every step bounded by [`IO_TIMEOUT`], the connect
+/// itself too: a listener whose backlog is full (a process that never accepts) makes
+/// connect(2) wait for room for as long as `SO_SNDTIMEO` allows (Linux
+/// `unix_stream_connect`), and without it for ever.
+pub(crate) fn connect(path: &std::path::Path) -> io::Result<UnixStream> {
+    let s = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.connect(&socket2::SockAddr::unix(path)?)?;
+    Ok(s.into())
+}
+
 /// Sends a hello on a session without waiting: a peer that does not read its session
 /// (its socket buffer full) gets `WouldBlock`, and the caller drops the session.
 pub(crate) fn send_nowait(s: &UnixStream, h: &SameHostHello, fds: &[&OwnedFd]) -> io::Result<()> {

@@ -110,6 +110,10 @@ struct PreOffer {
 pub(crate) struct ExchangeJob {
     pub offer: SameHostOffer,
     pub token: u32,
+    /// When its rendezvous stops waiting (`ClcConfig::same_host_timeout`): a job still
+    /// queued then is not run (its outcome would go unused, and a full exchange
+    /// replaces the session between the two stacks).
+    pub deadline: Instant,
     pub done: Box<dyn FnOnce(io::Result<ShmSetup>) + Send>,
 }
 
@@ -233,7 +237,7 @@ pub(crate) struct SameHost {
     rmb_len: u32,
     pending: Mutex<HashMap<u64, Pending>>,
     /// Open sessions with other stacks, by their stack id (lock order: `pending`, then
-    /// `sessions`, then `routes`).
+    /// `sessions`, then `retired`, then `routes`).
     sessions: Mutex<HashMap<u64, Session>>,
     /// Client: sessions replaced or ended while hellos of ours sent on them were still
     /// to be answered (`end_session`); each goes once the last of them has been looked
@@ -435,7 +439,9 @@ impl SameHost {
             // Another stack serves that address now: the memory we sent was never used
             // by this rendezvous.
             hello_done(&mut ss, &mut retired, link);
-            give_back_in(&mut ss, link, pre.rx, false, false);
+            if let Some(s) = give_back_in(&mut ss, link, pre.rx, false, false) {
+                self.set_aside(s, &mut retired);
+            }
             return false;
         }
         // The session the hello went on: ours with that stack still, or one kept aside
@@ -474,7 +480,8 @@ impl SameHost {
                 // misbehaving session, which goes (and with it all its memory).
                 debug!(error = %e, "same-host answer on the session refused: session dropped");
                 if let Some(pre) = pre {
-                    give_back_in(&mut ss, pre.link, pre.rx, false, false);
+                    // The session goes just below, whatever this says.
+                    drop(give_back_in(&mut ss, pre.link, pre.rx, false, false));
                 }
                 match aside {
                     Some(i) if !live => {
@@ -516,7 +523,9 @@ impl SameHost {
     /// (`clean`), else dropped, and the peer told to drop its mapping.
     pub(crate) fn give_back(&self, link: SessionLink, own: OwnMem, clean: bool) {
         if let Ok(mut ss) = self.sessions.lock() {
-            give_back_in(&mut ss, link, own, clean, true);
+            if let Some(s) = give_back_in(&mut ss, link, own, clean, true) {
+                self.set_aside_locking(s);
+            }
         }
     }
 
@@ -526,16 +535,32 @@ impl SameHost {
     /// answered on it and is committed (its Accept is on the way), and the client's
     /// rendezvous reads that answer there when the Accept comes.
     fn end_session(&self, ss: &mut HashMap<u64, Session>, stack: u64) {
-        let Some(s) = ss.remove(&stack) else { return };
+        if let Some(s) = ss.remove(&stack) {
+            self.set_aside_locking(s);
+        }
+    }
+
+    /// [`Self::set_aside`], taking the `retired` lock (the caller holds no more than
+    /// `sessions`).
+    fn set_aside_locking(&self, s: Session) {
+        if s.out == 0 {
+            return;
+        }
+        if let Ok(mut r) = self.retired.lock() {
+            self.set_aside(s, &mut r);
+        }
+    }
+
+    /// A session taken out of `sessions`: dropped, or kept aside in `retired` while
+    /// hellos of ours are out on it (see [`Self::end_session`]).
+    fn set_aside(&self, s: Session, retired: &mut Vec<Session>) {
         if s.out == 0 {
             return;
         }
         if let Some(ep) = &self.sess_epoll {
             let _ = rustix::event::epoll::delete(ep, &s.stream);
         }
-        if let Ok(mut r) = self.retired.lock() {
-            r.push(s);
-        }
+        retired.push(s);
     }
 
     /// Keeps `stream` as our session with `stack` (replacing an older one), watched for
@@ -634,8 +659,10 @@ impl SameHost {
             if let Ok(mut ss) = self.sessions.lock() {
                 if let Ok(mut retired) = self.retired.lock() {
                     hello_done(&mut ss, &mut retired, pre.link);
+                    if let Some(s) = give_back_in(&mut ss, pre.link, pre.rx, false, false) {
+                        self.set_aside(s, &mut retired);
+                    }
                 }
-                give_back_in(&mut ss, pre.link, pre.rx, false, false);
             }
         }
         Some((x.token, x.ready))
@@ -673,6 +700,13 @@ impl SameHost {
                 .spawn(move || {
                     for job in rx {
                         let r = match me.upgrade() {
+                            Some(sh) if sh.stop.load(Ordering::SeqCst) => {
+                                Err(io::Error::other("stack stopping"))
+                            }
+                            Some(_) if Instant::now() >= job.deadline => Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "its rendezvous stopped waiting",
+                            )),
                             Some(sh) => sh.connect_full(&job.offer, job.token),
                             None => Err(io::Error::other("stack gone")),
                         };
@@ -694,9 +728,7 @@ impl SameHost {
     /// the exchange thread ([`Self::connect_later`]), never on its event thread.
     pub(crate) fn connect_full(&self, offer: &SameHostOffer, token: u32) -> io::Result<ShmSetup> {
         let path = Self::sock_path(&self.dir, offer.stack_id);
-        let s = UnixStream::connect(&path)?;
-        s.set_read_timeout(Some(exchange::IO_TIMEOUT))?;
-        s.set_write_timeout(Some(exchange::IO_TIMEOUT))?;
+        let s = exchange::connect(&path)?;
         let peer_pid = exchange::check_peer(&s)?;
         let (rx, fds) = self.own_mem(None)?;
         let fd_refs: Vec<&OwnedFd> = fds.iter().collect();
@@ -739,7 +771,7 @@ impl SameHost {
             Ok(None) => return None,
             Err(e) => {
                 debug!(error = %e, "same-host session dropped");
-                ss.remove(&offer.stack_id);
+                self.end_session(&mut ss, offer.stack_id);
                 return None;
             }
         };
@@ -750,18 +782,21 @@ impl SameHost {
                 gen: s.gen,
             },
         );
-        let r = (|| -> io::Result<ShmSetup> {
+        // Err(true): our answer could not be sent (nothing committed: the full exchange
+        // can still follow); Err(false): the hello or its memory is bad.
+        let r = (|| -> Result<ShmSetup, (io::Error, bool)> {
             if got.hello.status != HELLO_ACCEPTED {
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionRefused,
-                    "same-host hello refused",
+                return Err((
+                    io::Error::new(io::ErrorKind::ConnectionRefused, "same-host hello refused"),
+                    false,
                 ));
             }
-            let tx = peer_mem(&got.hello, got.fds, Some(&mut *s))?;
-            let (rx, fds) = self.own_mem(Some(&mut *s))?;
+            let tx = peer_mem(&got.hello, got.fds, Some(&mut *s)).map_err(|e| (e, false))?;
+            let (rx, fds) = self.own_mem(Some(&mut *s)).map_err(|e| (e, false))?;
             // Answered before our Accept leaves: the client finds it when that comes.
             let fd_refs: Vec<&OwnedFd> = fds.iter().collect();
-            exchange::send_nowait(&s.stream, &hello(offer.nonce, token, &rx), &fd_refs)?;
+            exchange::send_nowait(&s.stream, &hello(offer.nonce, token, &rx), &fd_refs)
+                .map_err(|e| (e, true))?;
             s.live += 1;
             Ok(finish_setup(
                 rx,
@@ -772,11 +807,18 @@ impl SameHost {
                 Some(link),
             ))
         })();
-        if r.is_err() {
-            // A bad hello, or a client that does not read its session: no more of it.
-            ss.remove(&offer.stack_id);
+        match r {
+            Ok(setup) => Some(Ok(setup)),
+            Err((e, unsent)) => {
+                // A bad hello, or a client that does not read its session: no more of it.
+                debug!(error = %e, "same-host session dropped");
+                self.end_session(&mut ss, offer.stack_id);
+                // A hello whose answer did not leave (its session broke: the client had
+                // replaced it, say) committed nothing: the full exchange, as if it had
+                // not been there.
+                (!unsent).then_some(Err(e))
+            }
         }
-        Some(r)
     }
 
     /// The socket thread: answers servers' hellos for our pending offers.
@@ -910,16 +952,20 @@ fn hello_done(ss: &mut HashMap<u64, Session>, retired: &mut Vec<Session>, link: 
     }
 }
 
+/// A connection's memory back to its session (see `SameHost::give_back`). Returns the
+/// session when telling the peer failed and it was taken out of `ss` as broken: the
+/// caller keeps it aside if hellos of ours are still out on it (`set_aside`).
+#[must_use]
 fn give_back_in(
     ss: &mut HashMap<u64, Session>,
     link: SessionLink,
     own: OwnMem,
     clean: bool,
     counted: bool,
-) {
+) -> Option<Session> {
     let Some(s) = ss.get_mut(&link.stack).filter(|s| s.gen == link.gen) else {
         // That session is gone: so is the peer's mapping of this memory.
-        return;
+        return None;
     };
     if counted {
         s.live = s.live.saturating_sub(1);
@@ -930,7 +976,7 @@ fn give_back_in(
         own.region.ctrl.fill(0, region::CTRL_LEN, 0);
         own.bell.drain();
         s.free.push(own);
-        return;
+        return None;
     }
     let release = SameHostHello {
         nonce: 0,
@@ -940,8 +986,9 @@ fn give_back_in(
         region: own.num,
     };
     if exchange::send_nowait(&s.stream, &release, &[]).is_err() {
-        ss.remove(&link.stack);
+        return ss.remove(&link.stack);
     }
+    None
 }
 
 /// A second descriptor of our bell, to send (closed after sending).
@@ -1254,17 +1301,18 @@ mod tests {
             assert!(client.pending.lock().unwrap()[&b.nonce].pre.is_none());
             let sb = server.connect(&b, 300).expect("full exchange");
             let ended = || {
-                // The server closed A's session when it replaced it.
+                // The server closed A's session when it replaced it (once the client
+                // set that session aside, nothing of it is in the set: a short wait).
                 let fd = client.sessions_fd().unwrap();
                 let mut pfd = [rustix::event::PollFd::new(
                     &fd,
                     rustix::event::PollFlags::IN,
                 )];
-                let one_s = rustix::event::Timespec {
-                    tv_sec: 1,
-                    tv_nsec: 0,
+                let a_while = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 200_000_000,
                 };
-                rustix::event::poll(&mut pfd, Some(&one_s)).unwrap();
+                rustix::event::poll(&mut pfd, Some(&a_while)).unwrap();
                 client.on_sessions();
             };
             if replaced_first {
