@@ -17,7 +17,9 @@
 //!    Decline is application data) and passes them to `handle_tcp_bytes`; reports EOF
 //!    with `handle_tcp_fin` (no error during a first contact's link wait) and a socket
 //!    error or RST with `handle_tcp_closed`;
-//! 3. forwards the llc machine's progress ([`LinkEvent`]) and CONFIRM RKEY results;
+//! 3. forwards the llc machine's progress ([`LinkEvent`]) and CONFIRM RKEY results, and
+//!    (server) the outcome of a same-host exchange it runs elsewhere
+//!    ([`Rendezvous::handle_same_host`], after [`ServerSameHost::Later`]);
 //! 4. calls `on_timeout(now)` at [`Rendezvous::poll_timeout`];
 //! 5. after every call drains `poll_output()` in order: [`Output::Send`] goes on the TCP
 //!    socket, [`Output::ConfirmRkey`] to the llc machine, [`Output::OutOfSync`] /
@@ -25,7 +27,8 @@
 //!    [`Output::Done`] ends the rendezvous.
 //!
 //! Local queries and allocations are synchronous calls on the driver's [`ClcEnv`] (the
-//! endpoint's implementation is `endpoint/env.rs`). `docs/clc.md` walks through the
+//! endpoint's implementation is `endpoint/env.rs`); only the same-host exchange may
+//! answer "later" (it waits on the client's process). `docs/clc.md` walks through the
 //! driver's side.
 //!
 //! # Rules implemented here, and why
