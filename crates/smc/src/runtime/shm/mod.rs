@@ -1273,6 +1273,22 @@ mod tests {
         SocketAddr::from(([127, 0, 0, n], 5000))
     }
 
+    /// Waits up to `ms` for one of `sh`'s sessions to be ready (what the event thread's
+    /// poll would see): the number of ready descriptors (0 or 1).
+    fn sessions_ready(sh: &SameHost, ms: u64) -> usize {
+        let fd = sh.sessions_fd().unwrap();
+        let mut pfd = [rustix::event::PollFd::new(
+            &fd,
+            rustix::event::PollFlags::IN,
+        )];
+        let d = Duration::from_millis(ms);
+        let t = rustix::event::Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: i64::from(d.subsec_nanos()),
+        };
+        rustix::event::poll(&mut pfd, Some(&t)).unwrap()
+    }
+
     /// A server that found a pre-offered hello on the session and answered it there is
     /// committed (its Accept is on the way), so the client must find that answer even
     /// when, meanwhile, its session with that stack was replaced (another rendezvous's
@@ -1303,16 +1319,7 @@ mod tests {
             let ended = || {
                 // The server closed A's session when it replaced it (once the client
                 // set that session aside, nothing of it is in the set: a short wait).
-                let fd = client.sessions_fd().unwrap();
-                let mut pfd = [rustix::event::PollFd::new(
-                    &fd,
-                    rustix::event::PollFlags::IN,
-                )];
-                let a_while = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 200_000_000,
-                };
-                rustix::event::poll(&mut pfd, Some(&a_while)).unwrap();
+                sessions_ready(&client, 200);
                 client.on_sessions();
             };
             if replaced_first {
@@ -1440,16 +1447,7 @@ mod tests {
         };
         assert!(mapped(&server));
         client.give_back(c.session.unwrap(), c.rx, false);
-        let fd = server.sessions_fd().unwrap();
-        let mut pfd = [rustix::event::PollFd::new(
-            &fd,
-            rustix::event::PollFlags::IN,
-        )];
-        let one_s = rustix::event::Timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
-        };
-        assert_eq!(rustix::event::poll(&mut pfd, Some(&one_s)).unwrap(), 1);
+        assert_eq!(sessions_ready(&server, 1000), 1);
         server.on_sessions();
         assert!(!mapped(&server), "released");
         assert!(client.sessions.lock().unwrap()[&server.stack_id]
@@ -1470,18 +1468,11 @@ mod tests {
         // offer is a first contact again, and the client takes nothing that is not there.
         assert_eq!(client.session_count(), 1);
         server.shutdown();
-        let ready = rustix::event::poll(
-            &mut [rustix::event::PollFd::new(
-                &client.sessions_fd().unwrap(),
-                rustix::event::PollFlags::IN,
-            )],
-            Some(&rustix::event::Timespec {
-                tv_sec: 5,
-                tv_nsec: 0,
-            }),
-        )
-        .unwrap();
-        assert_eq!(ready, 1, "the session's end is seen");
+        assert_eq!(
+            sessions_ready(&client, 5000),
+            1,
+            "the session's end is seen"
+        );
         client.on_sessions();
         assert_eq!(client.session_count(), 0);
         let o = client.offer(21, addr(2)).expect("offer");
