@@ -687,6 +687,10 @@ impl SameHost {
     /// event thread and the connections it serves. An error when no thread can run it
     /// (then `done` is dropped unrun).
     pub(crate) fn connect_later(self: &Arc<Self>, job: ExchangeJob) -> io::Result<()> {
+        if self.stop.load(Ordering::SeqCst) {
+            // Stopped (`shutdown` took the thread): no new one.
+            return Err(io::Error::other("stack stopping"));
+        }
         let mut x = self
             .exchanger
             .lock()
@@ -1287,6 +1291,53 @@ mod tests {
             tv_nsec: i64::from(d.subsec_nanos()),
         };
         rustix::event::poll(&mut pfd, Some(&t)).unwrap()
+    }
+
+    /// The exchange thread runs a job and hands its outcome back; a job whose rendezvous
+    /// stopped waiting before its turn is not run (nothing reaches the client's socket);
+    /// once the stack stops, nothing more runs.
+    #[test]
+    fn the_exchange_thread_runs_jobs_and_skips_expired_ones() {
+        let dir = std::env::temp_dir().join(format!("smc-rs-shm-later-{}", std::process::id()));
+        let client = Arc::new(SameHost::new(dir.clone(), 64 << 10));
+        let server = Arc::new(SameHost::new(dir.clone(), 32 << 10));
+        let run = |offer: SameHostOffer, deadline: Instant| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            server
+                .connect_later(ExchangeJob {
+                    offer,
+                    token: 7,
+                    deadline,
+                    done: Box::new(move |r| tx.send(r.map(|s| s.peer_token)).unwrap()),
+                })
+                .unwrap();
+            rx.recv_timeout(Duration::from_secs(5)).unwrap()
+        };
+        let late = client.offer(1, addr(2)).expect("offer");
+        let e = run(late, Instant::now() - Duration::from_millis(1)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(
+            !client.client_ready(late.nonce, server.stack_id),
+            "an expired job never reached the client"
+        );
+        let ok = client.offer(2, addr(2)).expect("offer");
+        assert_eq!(run(ok, Instant::now() + Duration::from_secs(5)).unwrap(), 2);
+        assert!(client.client_ready(ok.nonce, server.stack_id));
+        server.shutdown();
+        let stopped = client.offer(3, addr(2)).expect("offer");
+        assert!(
+            server
+                .connect_later(ExchangeJob {
+                    offer: stopped,
+                    token: 8,
+                    deadline: Instant::now() + Duration::from_secs(5),
+                    done: Box::new(|_| panic!("run after the stack stopped")),
+                })
+                .is_err(),
+            "no exchange thread once the stack stopped"
+        );
+        client.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A server that found a pre-offered hello on the session and answered it there is
