@@ -12,6 +12,7 @@ mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -309,6 +310,114 @@ fn writers_ahead_of_readers_use_the_send_buffer_too() {
         i.bytes_placed, rmb as u64,
         "the RMB placed, the rest written"
     );
+}
+
+/// A thread inside a read or write call counts as polling the ring, so the peer does
+/// not ring for the CDCs it publishes meanwhile (api::samehost::Polling): the call must
+/// take them before it returns. Here the peer's one byte is published while our
+/// writer copies 256 KiB into the peer's RMB, and our reader sleeps on the doorbell (no spin) waiting for
+/// it; nothing else comes on the connection until the reader has it. Had the writer's
+/// call left the byte in the ring, the reader would sleep until its timeout. Loops until
+/// the peer's write fell inside our writer's call a few times.
+#[test]
+fn a_cdc_published_during_a_call_is_taken_by_that_call() {
+    use std::sync::mpsc;
+    let _serial = serial();
+    let (srv, cli) = sh_pair_with(|_| {}, |c| c.same_host_spin = Duration::ZERO);
+    let (c, s) = connect_pair(&srv, &cli);
+    assert!(matches!(c.mode(), Mode::SameHost { .. }));
+    // One write call copies at most what the peer's RMB and our send buffer allow
+    // (the send buffer counts placed bytes until the peer consumes them): the smaller,
+    // which the peer reads whole before the next round, so the window stays open.
+    let (rmb, sndbuf) = c.buffer_sizes().unwrap();
+    let chunk = rmb.min(sndbuf);
+    let big = pattern(9, chunk);
+    // "Go" is a word the peer spins on (a channel's wake-up takes longer than our call).
+    let go = AtomicU64::new(0);
+    let (sent_tx, sent_rx) = mpsc::channel::<(Instant, Instant)>();
+    let (drain_tx, drain_rx) = mpsc::channel::<()>();
+    let (got_tx, got_rx) = mpsc::channel::<()>();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    thread::scope(|sc| {
+        let (c, s, go) = (&c, &s, &go);
+        // Owned here: a failing round drops it, which ends the peer's thread.
+        let drain_tx = drain_tx;
+        // The peer: one byte a little after each "go", and reading our chunk only when
+        // told (its window updates would ring our bell and hide a byte left behind).
+        sc.spawn(move || {
+            let mut buf = vec![0u8; chunk];
+            let mut round = 0u64;
+            loop {
+                let g = loop {
+                    let g = go.load(Ordering::Acquire);
+                    if g != round {
+                        break g;
+                    }
+                    std::hint::spin_loop();
+                };
+                if g == u64::MAX {
+                    return;
+                }
+                round = g;
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_micros(round % 16) {
+                    std::hint::spin_loop();
+                }
+                let t0 = Instant::now();
+                (&*s).write_all(b"x").unwrap();
+                sent_tx.send((t0, Instant::now())).unwrap();
+                if drain_rx.recv().is_err() {
+                    return;
+                }
+                (&*s).read_exact(&mut buf).unwrap();
+            }
+        });
+        // Our reader, asleep on the doorbell.
+        sc.spawn(move || {
+            let mut b = [0u8; 1];
+            while (&*c).read_exact(&mut b).is_ok() {
+                assert_eq!(&b, b"x");
+                if got_tx.send(()).is_err() {
+                    return;
+                }
+            }
+        });
+        let stop = StopOnDrop(go);
+        let mut hits = 0;
+        let mut rounds = 0u64;
+        while hits < 5 {
+            assert!(rounds < 2000, "the peer's write never fell inside our call");
+            // Let the reader fall asleep.
+            thread::sleep(Duration::from_millis(2));
+            rounds += 1;
+            go.store(rounds, Ordering::Release);
+            let t0 = Instant::now();
+            let n = (&*c).write(&big).unwrap();
+            let t1 = Instant::now();
+            assert_eq!(n, chunk, "the window was open");
+            let (p0, p1) = sent_rx.recv().unwrap();
+            if t0 < p0 && p1 < t1 {
+                hits += 1;
+            }
+            got_rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the peer's byte was left in the ring: our reader never woke");
+            drain_tx.send(()).unwrap();
+        }
+        eprintln!("{hits} of {rounds} rounds had the peer's write inside our call");
+        drop(stop);
+        c.shutdown(Shutdown::Both).unwrap();
+    });
+}
+
+/// Stops the spinning peer of `a_cdc_published_during_a_call_is_taken_by_that_call`
+/// however the test ends.
+struct StopOnDrop<'a>(&'a AtomicU64);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(u64::MAX, Ordering::Release);
+    }
 }
 
 #[test]

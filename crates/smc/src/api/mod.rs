@@ -347,7 +347,9 @@ impl SmcHandle {
         if buf.is_empty() {
             return Ok(0);
         }
+        let _polling = self.polling();
         let mut st = self.conn.lock();
+        self.conn.shm_take(&mut st);
         let wait = wait.unwrap_or_else(|| self.read_wait(&st));
         loop {
             let regions = st.conn.rx_available();
@@ -380,7 +382,9 @@ impl SmcHandle {
         if buf.is_empty() {
             return Ok(0);
         }
+        let _polling = self.polling();
         let mut st = self.conn.lock();
+        self.conn.shm_take(&mut st);
         let wait = wait.unwrap_or_else(|| self.write_wait(&st));
         let mut place_deadline: Option<Instant> = None;
         loop {
@@ -421,7 +425,9 @@ impl SmcHandle {
     }
 
     pub(crate) fn send_urgent(&self, byte: u8, wait: Option<Wait>) -> io::Result<()> {
+        let _polling = self.polling();
         let mut st = self.conn.lock();
+        self.conn.shm_take(&mut st);
         let wait = wait.unwrap_or_else(|| self.write_wait(&st));
         loop {
             if let Some(e) = st.conn.error() {

@@ -17,11 +17,44 @@ fn sleepers(st: &mut ConnState, dir: Dir) -> &mut Vec<Arc<smc_verbs::EventFd>> {
     }
 }
 
+/// A thread inside a read or write call of a same-host connection (from its start to
+/// its return, except while it sleeps): it counts as polling the connection's ring
+/// (the ring's POLLING word), so the peer publishes its CDCs there without ringing our
+/// doorbell, and the call takes them itself — at its start, in its waits, and when it
+/// ends (this guard's drop: a CDC published while it was counted is taken before the
+/// call returns, so none waits for a bell that was not rung). Why: a bulk reader is
+/// mostly copying out, not waiting, and a peer that rang for every CDC then woke the
+/// event thread about 100,000 times a second; on two CPUs each wake-up took a CPU from
+/// one of the two copying threads (docs/samehost.md "Waking").
+pub(super) struct Polling<'a> {
+    handle: &'a SmcHandle,
+    path: &'a crate::runtime::shm::ShmPath,
+}
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        crate::runtime::shm::region::RxRing::polling(&self.path.rx_ctrl, false);
+        // After the count went down (with a fence): a CDC published before it did not
+        // ring; one published after it rings.
+        if self.path.rx_pending() {
+            self.handle.conn.shm_poll(Instant::now());
+        }
+    }
+}
+
 impl SmcHandle {
+    /// Counts this thread as polling the ring of a same-host connection until the guard
+    /// drops ([`Polling`]); `None` on SMC-R.
+    pub(super) fn polling(&self) -> Option<Polling<'_>> {
+        let path = self.conn.shm()?;
+        crate::runtime::shm::region::RxRing::polling(&path.rx_ctrl, true);
+        Some(Polling { handle: self, path })
+    }
+
     /// Same host: before sleeping, spin on the ring for the peer's CDC (adaptive, at most
-    /// `StackConfig::same_host_spin`), telling the peer that we poll so that it does not
-    /// ring our eventfd. `Ok` when something happened for the waiter (its `rx_seq` or
-    /// `tx_seq`, by `dir`, moved).
+    /// `StackConfig::same_host_spin`); the caller counts as polling ([`Polling`]), so the
+    /// peer does not ring our eventfd. `Ok` when something happened for the waiter (its
+    /// `rx_seq` or `tx_seq`, by `dir`, moved).
     #[allow(clippy::result_large_err)]
     pub(super) fn spin_same_host<'a>(
         &'a self,
@@ -36,7 +69,6 @@ impl SmcHandle {
         let seq_of = self.seq(dir);
         let seq = seq_of.load(Ordering::Acquire);
         drop(st);
-        crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, true);
         let t0 = Instant::now();
         let mut spins = 0u32;
         let mut hit = false;
@@ -60,8 +92,7 @@ impl SmcHandle {
             }
             std::hint::spin_loop();
         }
-        crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, false);
-        // A CDC published while we announced polling did not ring: take it now.
+        // A CDC published after the last look did not ring: take it now.
         if !hit && p.rx_pending() {
             self.conn.shm_poll(Instant::now());
             hit = seq_of.load(Ordering::Acquire) != seq;
@@ -78,7 +109,8 @@ impl SmcHandle {
     }
 
     /// Same host, after the spin: sleep on the connection's doorbell itself (the peer
-    /// rings it when no thread of ours spins), so that the peer's CDC wakes this thread
+    /// rings it when no thread of ours polls: this one stops counting as polling for the
+    /// sleep, [`Polling`]), so that the peer's CDC wakes this thread
     /// directly; local events (the event thread's timers and TCP watch, another
     /// thread's read or close) come through this thread's own eventfd, registered with
     /// the connection for `ConnShared::on_events` (one per thread: a shared one could be
@@ -106,19 +138,32 @@ impl SmcHandle {
             }
             None => None,
         };
+        use crate::runtime::shm::region::RxRing;
         let Some(me) = SLEEPER.with(|s| s.clone()) else {
-            // No eventfd for this thread (out of descriptors): the condition variable.
-            return Ok(match timeout {
-                Some(t) => self.cond(dir).wait_timeout(st, t).0,
-                None => self.cond(dir).wait(st),
-            });
+            // No eventfd for this thread (out of descriptors): the condition variable,
+            // woken by whoever takes the ring (the event thread, on the bell).
+            let seq = self.seq(dir).load(Ordering::Acquire);
+            RxRing::polling(&p.rx_ctrl, false);
+            self.conn.shm_take(&mut st);
+            let st = if self.seq(dir).load(Ordering::Acquire) != seq {
+                st
+            } else {
+                match timeout {
+                    Some(t) => self.cond(dir).wait_timeout(st, t).0,
+                    None => self.cond(dir).wait(st),
+                }
+            };
+            RxRing::polling(&p.rx_ctrl, true);
+            return Ok(st);
         };
         let seq_of = self.seq(dir);
         let seq = seq_of.load(Ordering::Acquire);
         sleepers(&mut st, dir).push(me.clone());
         drop(st);
-        // Registered before this last look: a CDC published after it rings the bell,
-        // and an event after it writes `me`.
+        // Not polling while asleep: from here on the peer rings.
+        RxRing::polling(&p.rx_ctrl, false);
+        // Registered and not counted before this last look: a CDC published after it
+        // rings the bell, and an event after it writes `me`.
         if !p.rx_pending() && seq_of.load(Ordering::Acquire) == seq {
             let mut fds = [
                 PollFd::new(&p.bell, PollFlags::IN),
@@ -130,6 +175,9 @@ impl SmcHandle {
             });
             let _ = poll(&mut fds, ts.as_ref());
         }
+        // Polling again before the drain below, which takes every CDC published until
+        // then (those after it did not ring).
+        RxRing::polling(&p.rx_ctrl, true);
         p.bell.drain();
         me.drain();
         // Whoever drained the bell takes the ring (and wakes the other sleepers).

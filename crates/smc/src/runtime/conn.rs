@@ -456,6 +456,18 @@ impl ConnShared {
         self.drive(&mut st, now);
     }
 
+    /// [`ConnShared::shm_poll`] under a lock the caller holds, and only if a CDC waits:
+    /// a thread inside a read or write call counts as polling the ring (the peer does
+    /// not ring for it, `api::samehost::Polling`), so it takes what came itself.
+    pub(crate) fn shm_take(&self, st: &mut ConnState) {
+        let Some(p) = self.shm() else { return };
+        if p.rx_pending() {
+            let now = Instant::now();
+            self.shm_drain(p, st, now);
+            self.drive(st, now);
+        }
+    }
+
     /// [`ConnShared::shm_poll`] for the doorbell's tokio task: false (nothing taken)
     /// once the connection is CLOSED. Looked at under the same lock as the drain: a
     /// connection is released only once CLOSED, and its ring and doorbell may then
