@@ -22,16 +22,15 @@
 //! one atomic step), i.e. the same torn data a hardware RNIC's DMA would
 //! give; keeping the data consistent remains the protocol's job.
 //!
-//! **The exception, for speed**: on x86-64 the whole words of a copy of 512
-//! bytes or more move with one `rep movsb` in inline assembly (`copy_words`):
-//! opaque to the compiler, and byte-wise atomic on the hardware (every byte
-//! read or written once, whole), so a racing peer still gets only torn data,
-//! now with byte rather than word granularity. In the memory model's terms a
-//! byte-wise copy racing with a word access is a mixed-size race; the only
-//! such race is with a peer that writes bytes the cursor protocol gives to us
-//! (or an RDMA atomic on copied bytes), and no compiler reasoning can turn
-//! it into anything but those bytes, since the compiler does not see inside
-//! the assembly.
+//! **Fast copies, same model**: on x86-64 the middle of a copy of 256 bytes or
+//! more moves by inline assembly: `rep movsq` into a buffer (`copy_words`),
+//! aligned 16-byte SSE2 loads out of one (`copy_blocks`). The compiler does not
+//! see inside the assembly, and the hardware carries out each of those aligned
+//! accesses whole, so to a buffer they are what the word loops are: each
+//! aligned 8-byte word loaded or stored whole, the same size at the same
+//! addresses as every other access. (`rep movsb` was a little faster still,
+//! but its accesses are bytes: a peer's racing word write would be a
+//! mixed-size race.)
 //!
 //! **Why not the alternatives**: `unsafe` copy methods whose contract is
 //! "no concurrent access to these bytes" cannot be used honestly for memory
@@ -49,7 +48,7 @@
 //! word loop moves 8 bytes per load/store pair instead of a `memcpy`'s 32-64:
 //! a 4 KiB copy took about 0.4 µs instead of 0.15-0.25 µs on the 2-core
 //! development VM. That bounded the same-host path's bulk throughput (two
-//! copies per byte, nothing else in the way), hence the string copy above;
+//! copies per byte, nothing else in the way), hence the copies above;
 //! shorter copies and other architectures keep the word loops. The software RNIC's data path is bounded by the kernel's
 //! per-datagram UDP cost, not by these copies: `smc-softroce`'s
 //! `loopback_perf` (64 KiB RDMA WRITEs) ran at the same throughput within
@@ -374,7 +373,8 @@ impl RdmaBuffer {
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().cast::<u64>().add(i)) }
     }
 
-    /// The address of word `i` (bytes `8i ..`), for [`copy_words`]; `i` may be one past
+    /// The address of word `i` (bytes `8i ..`), for [`copy_words`] and [`copy_blocks`];
+    /// `i` may be one past
     /// the last word (an empty copy at the end).
     #[inline(always)]
     fn word_ptr(&self, i: usize) -> *mut u8 {
@@ -427,8 +427,10 @@ impl RdmaBuffer {
         by_bounce(src_off, dst_off, head);
         let words = (len - head) / WORD;
         let (si, di) = ((src_off + head) / WORD, (dst_off + head) / WORD);
-        // SAFETY: both word ranges are aligned and inside their buffers (checked above).
-        if !unsafe { copy_words(dst.word_ptr(di), self.word_ptr(si), words) } {
+        // SAFETY: both word ranges are inside their buffers (checked above).
+        if words * WORD < VECTOR_COPY_MIN
+            || !unsafe { copy_words(dst.word_ptr(di), self.word_ptr(si), words) }
+        {
             for k in 0..words {
                 dst.word(di + k)
                     .store(self.word(si + k).load(Relaxed), Relaxed);
@@ -460,16 +462,24 @@ impl RdmaBuffer {
             let w = self.word(offset / WORD).load(Relaxed).to_ne_bytes();
             first.copy_from_slice(&w[head..head + first.len()]);
         }
-        let i = (offset + first.len()) / WORD;
-        let whole = rest.len() / WORD;
-        // SAFETY: words `i .. i + whole` are inside the buffer (range checked above, and
-        // `i` is the first whole word of it) and 8-byte aligned; `rest` is the caller's
-        // exclusive slice, at least `whole * WORD` bytes long.
-        let (rest, mut i) = if unsafe { copy_words(rest.as_mut_ptr(), self.word_ptr(i), whole) } {
-            (&mut rest[whole * WORD..], i + whole)
-        } else {
-            (rest, i)
-        };
+        let mut i = (offset + first.len()) / WORD;
+        let mut rest = rest;
+        if rest.len() >= VECTOR_COPY_MIN {
+            if i % 2 == 1 {
+                // One word to reach a 16-byte boundary of the buffer.
+                let (w, r) = rest.split_at_mut(WORD);
+                w.copy_from_slice(&self.word(i).load(Relaxed).to_ne_bytes());
+                (rest, i) = (r, i + 1);
+            }
+            let blocks = rest.len() / BLOCK;
+            // SAFETY: the words `i .. i + blocks * BLOCK / WORD` are inside the buffer
+            // (range checked above; `i` is a word of it) and start 16-byte aligned (`i`
+            // even, the buffer page-aligned); `rest` is the caller's slice, long enough.
+            if unsafe { copy_blocks(rest.as_mut_ptr(), self.word_ptr(i), blocks) } {
+                rest = &mut rest[blocks * BLOCK..];
+                i += blocks * BLOCK / WORD;
+            }
+        }
         let mut chunks = rest.chunks_exact_mut(WORD);
         for c in &mut chunks {
             c.copy_from_slice(&self.word(i).load(Relaxed).to_ne_bytes());
@@ -501,15 +511,18 @@ impl RdmaBuffer {
         if !first.is_empty() {
             self.store_bytes(offset / WORD, head, first);
         }
-        let i = (offset + n) / WORD;
-        let whole = rest.len() / WORD;
-        // SAFETY: as in `read`: words `i .. i + whole` are aligned and inside the buffer,
-        // `rest` holds at least `whole * WORD` bytes.
-        let (rest, mut i) = if unsafe { copy_words(self.word_ptr(i), rest.as_ptr(), whole) } {
-            (&rest[whole * WORD..], i + whole)
-        } else {
-            (rest, i)
-        };
+        let mut i = (offset + n) / WORD;
+        let mut rest = rest;
+        let words = rest.len() / WORD;
+        // SAFETY: the words `i .. i + words` are inside the buffer (range checked above;
+        // `i` is the first whole word of it), hence 8-byte aligned; `rest` holds at
+        // least `words * WORD` bytes.
+        if rest.len() >= VECTOR_COPY_MIN
+            && unsafe { copy_words(self.word_ptr(i), rest.as_ptr(), words) }
+        {
+            rest = &rest[words * WORD..];
+            i += words;
+        }
         let mut chunks = rest.chunks_exact(WORD);
         for c in &mut chunks {
             let mut b = [0u8; WORD];
@@ -573,61 +586,122 @@ impl RdmaBuffer {
     }
 }
 
-/// Below this many words a copy goes word by word (a string instruction's start-up
-/// costs more than it saves on a few cache lines: a CDC message, a small send).
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-const STRING_COPY_WORDS: usize = 64;
+/// Copies at least this long (after their first partial word) move their middle with
+/// the instructions below ([`copy_words`] into a buffer, [`copy_blocks`] out of one);
+/// shorter ones (a CDC message, a small send) word by word.
+const VECTOR_COPY_MIN: usize = 256;
+/// Bytes per [`copy_blocks`] step: four 16-byte moves.
+const BLOCK: usize = 64;
 
-/// Copies `words` 8-byte words from `src` to `dst` with one string instruction (`rep
-/// movsb`, x86-64) and returns true, or returns false (fewer than
-/// [`STRING_COPY_WORDS`] words, or another architecture) so that the caller copies word
-/// by word with atomics.
-///
-/// Why: the same-host path's bulk throughput is these copies (a sender's into the peer's
-/// mapped RMB, a receiver's out of its own), and the word loops move 8 bytes per
-/// load/store pair where the CPU's fast string copy moves a cache line: 64 KiB writes
-/// between two processes went from 6-7.5 to 11-12 GB/s on the development VM (issue 14).
-/// `rep movsb` rather than `rep movsq`: the buffer side is word-aligned but the slice
-/// side has whatever alignment the application's stream gives it, and `movsq` lost a
-/// quarter of its speed on a misaligned side where `movsb` did not.
-///
-/// What it means for the module's guarantee: the assembly is opaque to the compiler,
-/// which therefore assumes nothing about the bytes it reads or writes, and the
-/// instruction does what a byte-wise atomic copy (C++ P1478) does: every byte is read
-/// or written once, whole, in some order. Under the cursor protocol nothing else
-/// touches these bytes at the same time; a peer that breaks it and writes them during
-/// the copy gets the torn data the module documents, a mix of old and new bytes, as
-/// with the word loops (whose granularity was a word). String operations are not
-/// reordered with other stores (Intel SDM vol. 3 §9.2.4.2, "Fast-String Operation and
-/// Out-of-Order Stores"), so a Release store after the copy (a producer cursor) still
-/// follows all of it, and an Acquire load before it (the cursor a reader checked)
-/// precedes its loads (x86-64 does not reorder loads with older loads).
+// Why these copies keep the module's memory model: inline assembly is opaque to the
+// compiler, and what each does to a buffer is what the word loops do — every aligned
+// 8-byte word of it loaded or stored whole, once, in some order: the same size at the
+// same addresses as every other access, so no data race and no mixed-size race
+// whatever a peer does. They are ordinary write-back accesses, ordered like `mov`s: a
+// Release store after a copy (a producer cursor) follows all of its stores (string
+// operations are not reordered with other stores, Intel SDM vol. 3 §9.2.4.2), an
+// Acquire load before one precedes its loads. `rep movsb` was a little faster, but its
+// accesses are bytes: a peer's racing word write would be a mixed-size race.
+//
+// Why at all: the same-host path's bulk throughput is these copies (a sender's into the
+// peer's mapped RMB, a receiver's out of its own), and the word loops move 8 bytes per
+// load/store pair: see the module's "Cost". Into a buffer the fast-string copy is the
+// quickest (it writes whole cache lines without first reading them from the CPU that
+// last read them); out of one into a slice of any alignment, it lost a quarter, and
+// aligned SSE2 loads do not.
+
+/// Copies `words` 8-byte words from `src` to `dst` with `rep movsq` (x86-64) and returns
+/// true, or returns false (another architecture, or Miri) so that the caller copies
+/// word by word with atomics. Each element of the string is a quadword: with `dst` a
+/// buffer's aligned words, each is stored by one aligned 8-byte store, which x86-64
+/// carries out atomically (Intel SDM vol. 3 §9.1.1); fast-string operation may reorder
+/// the element stores among themselves (§9.2.4.2), which relaxed stores to different
+/// words allow too.
 ///
 /// # Safety
-/// `src` readable and `dst` writable for `words * 8` bytes, not overlapping; each side
-/// is either whole words of a live [`RdmaBuffer`] or memory the caller alone accesses
-/// (a slice it holds).
+/// `src` readable and `dst` writable for `words * 8` bytes, not overlapping; `dst` is
+/// whole words of a live [`RdmaBuffer`]; `src` is either such words too or memory the
+/// caller alone accesses (a slice it holds).
 #[inline]
 unsafe fn copy_words(dst: *mut u8, src: *const u8, words: usize) -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
-    if words >= STRING_COPY_WORDS {
-        // SAFETY: the caller's promise (valid, non-overlapping ranges of `words` words);
-        // the direction flag is clear on entry to inline assembly (Rust reference,
-        // inline assembly rules), so the copy goes upwards; `rep movsb` touches no flags
-        // and no stack.
+    {
+        // SAFETY: the caller's promise (valid, non-overlapping ranges of `words`
+        // words); the direction flag is clear on entry to inline assembly (Rust
+        // reference, inline assembly rules), so the copy goes upwards; `rep movsq`
+        // touches no flags and no stack.
         unsafe {
             std::arch::asm!(
-                "rep movsb",
-                inout("rcx") words * WORD => _,
+                "rep movsq",
+                inout("rcx") words => _,
                 inout("rsi") src => _,
                 inout("rdi") dst => _,
                 options(nostack, preserves_flags)
             );
         }
-        return true;
+        true
     }
-    let _ = (dst, src, words);
-    false
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        let _ = (dst, src, words);
+        false
+    }
+}
+
+/// Copies `blocks` × 64 bytes from a buffer's words at `src` (16-byte aligned) to `dst`
+/// (a slice of the caller's, any alignment) with 16-byte SSE2 moves (part of x86-64's
+/// baseline) and returns true, or returns false (another architecture, or Miri) so that
+/// the caller copies word by word with atomics. The loads are aligned `movdqa`s, which
+/// the hardware carries out atomically (Intel SDM vol. 3 §9.1.1: on every processor
+/// with AVX; before that each aligned quadword of them is): each of the buffer's words
+/// is read whole.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `blocks * 64` bytes, not overlapping; `src` is
+/// whole words of a live [`RdmaBuffer`] starting 16-byte aligned; `dst` is memory the
+/// caller alone accesses.
+#[inline]
+unsafe fn copy_blocks(dst: *mut u8, src: *const u8, blocks: usize) -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        // SAFETY: the caller's promise: `blocks` 64-byte blocks readable at `src` (16-byte
+        // aligned, as `movdqa` needs) and writable at `dst`, not overlapping. Only the
+        // four xmm registers named and the flags are changed; no stack.
+        unsafe {
+            std::arch::asm!(
+                "2:",
+                "test {n}, {n}",
+                "jz 3f",
+                "movdqa {a}, [{s}]",
+                "movdqa {b}, [{s} + 16]",
+                "movdqa {c}, [{s} + 32]",
+                "movdqa {d}, [{s} + 48]",
+                "movdqu [{t}], {a}",
+                "movdqu [{t} + 16], {b}",
+                "movdqu [{t} + 32], {c}",
+                "movdqu [{t} + 48], {d}",
+                "add {s}, 64",
+                "add {t}, 64",
+                "dec {n}",
+                "jmp 2b",
+                "3:",
+                n = inout(reg) blocks => _,
+                s = inout(reg) src => _,
+                t = inout(reg) dst => _,
+                a = out(xmm_reg) _,
+                b = out(xmm_reg) _,
+                c = out(xmm_reg) _,
+                d = out(xmm_reg) _,
+                options(nostack)
+            );
+        }
+        true
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    {
+        let _ = (dst, src, blocks);
+        false
+    }
 }
 
 impl std::fmt::Debug for RdmaBuffer {
@@ -847,9 +921,9 @@ mod tests {
         }
     }
 
-    /// Copies long enough for the string copy (`copy_words`), at every alignment of the
-    /// buffer side and of the slice side, through `write`, `read` and `copy_to`, agree
-    /// with a plain byte array and leave the bytes around them alone.
+    /// Copies long enough for the assembly (`copy_words`, `copy_blocks`), at every
+    /// alignment of the buffer side and of the slice side, through `write`, `read` and
+    /// `copy_to`, agree with a plain byte array and leave the bytes around them alone.
     #[test]
     fn long_copies_at_every_alignment_match_a_model() {
         const LEN: usize = 8192;
@@ -861,7 +935,7 @@ mod tests {
         let mut src = vec![0u8; 3000];
         for off in 0..16 {
             for slice_off in 0..9 {
-                for len in [511, 512, 513, 520, 1000, 2047, 2900] {
+                for len in [255, 256, 257, 300, 511, 512, 513, 520, 1000, 2047, 2900] {
                     for x in src.iter_mut() {
                         seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                         *x = (seed >> 16) as u8;
