@@ -26,11 +26,12 @@
 //! more moves by inline assembly: `rep movsq` into a buffer (`copy_words`),
 //! aligned 16-byte SSE2 loads out of one (`copy_blocks`). The compiler does not
 //! see inside the assembly, and the hardware carries out each of those aligned
-//! accesses whole, so to a buffer they are what the word loops are: each
-//! aligned 8-byte word loaded or stored whole, the same size at the same
-//! addresses as every other access. (`rep movsb` was a little faster still,
-//! but its accesses are bytes: a peer's racing word write would be a
-//! mixed-size race.)
+//! accesses whole (the SSE2 loads only on processors with AVX, where Intel
+//! documents it; others keep the word loops), so to a buffer they are what the
+//! word loops are: each aligned 8-byte word loaded or stored whole, the same
+//! size at the same addresses as every other access. (`rep movsb` was a little
+//! faster still, but its accesses are bytes: a peer's racing word write would
+//! be a mixed-size race.)
 //!
 //! **Why not the alternatives**: `unsafe` copy methods whose contract is
 //! "no concurrent access to these bytes" cannot be used honestly for memory
@@ -215,8 +216,10 @@ impl RdmaBuffer {
                 "RDMA buffer length must be non-zero",
             ));
         }
+        check_page_offset(offset)?;
         // SAFETY: the caller guarantees the file's bytes [offset, offset + len) stay
-        // (module contract above); memmap2 checks the offset's alignment and the length.
+        // (module contract above); the offset is a whole number of pages (checked), so
+        // the buffer starts on a page boundary of the mapping.
         let mut map = unsafe {
             memmap2::MmapOptions::new()
                 .offset(offset)
@@ -259,8 +262,10 @@ impl RdmaBuffer {
         let len = first
             .checked_add(second)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "RDMA buffer too large"))?;
+        check_page_offset(offset)?;
         // SAFETY: the caller guarantees the file's bytes [offset, offset + len) stay
-        // (module contract above); memmap2 checks the offset's alignment and the length.
+        // (module contract above); the offset is a whole number of pages (checked), so
+        // both buffers start on page boundaries of the mapping.
         let mut map = unsafe {
             memmap2::MmapOptions::new()
                 .offset(offset)
@@ -427,8 +432,11 @@ impl RdmaBuffer {
         by_bounce(src_off, dst_off, head);
         let words = (len - head) / WORD;
         let (si, di) = ((src_off + head) / WORD, (dst_off + head) / WORD);
-        // SAFETY: both word ranges are inside their buffers (checked above).
+        // SAFETY: both word ranges are inside their buffers (checked above), and they do
+        // not overlap: they are in different buffers (a copy within one buffer, whose
+        // ranges may overlap, goes word by word).
         if words * WORD < VECTOR_COPY_MIN
+            || std::ptr::eq(self, dst)
             || !unsafe { copy_words(dst.word_ptr(di), self.word_ptr(si), words) }
         {
             for k in 0..words {
@@ -586,6 +594,20 @@ impl RdmaBuffer {
     }
 }
 
+/// A file offset to map at must be a whole number of pages: memmap2 would round it
+/// down and hand back a pointer into the page, and the buffer's words (and the 16-byte
+/// loads of [`copy_blocks`]) need the page's alignment.
+fn check_page_offset(offset: u64) -> io::Result<()> {
+    if offset.is_multiple_of(rustix::param::page_size() as u64) {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "shared RDMA buffer: the file offset must be page-aligned",
+        ))
+    }
+}
+
 /// Copies at least this long (after their first partial word) move their middle with
 /// the instructions below ([`copy_words`] into a buffer, [`copy_blocks`] out of one);
 /// shorter ones (a CDC message, a small send) word by word.
@@ -612,11 +634,12 @@ const BLOCK: usize = 64;
 
 /// Copies `words` 8-byte words from `src` to `dst` with `rep movsq` (x86-64) and returns
 /// true, or returns false (another architecture, or Miri) so that the caller copies
-/// word by word with atomics. Each element of the string is a quadword: with `dst` a
-/// buffer's aligned words, each is stored by one aligned 8-byte store, which x86-64
-/// carries out atomically (Intel SDM vol. 3 §9.1.1); fast-string operation may reorder
+/// word by word with atomics. Architecturally each element of the string is a quadword
+/// move: with `dst` a buffer's aligned words, an aligned 8-byte store, which x86-64
+/// carries out atomically (Intel SDM vol. 3 §9.1.1). Fast-string operation may reorder
 /// the element stores among themselves (§9.2.4.2), which relaxed stores to different
-/// words allow too.
+/// words allow too; that it never splits one aligned element is relied on here (the
+/// manual allows only the order to vary), not separately stated.
 ///
 /// # Safety
 /// `src` readable and `dst` writable for `words * 8` bytes, not overlapping; `dst` is
@@ -649,12 +672,12 @@ unsafe fn copy_words(dst: *mut u8, src: *const u8, words: usize) -> bool {
 }
 
 /// Copies `blocks` × 64 bytes from a buffer's words at `src` (16-byte aligned) to `dst`
-/// (a slice of the caller's, any alignment) with 16-byte SSE2 moves (part of x86-64's
-/// baseline) and returns true, or returns false (another architecture, or Miri) so that
+/// (a slice of the caller's, any alignment) with 16-byte SSE2 moves and returns true,
+/// or returns false (a processor without AVX, another architecture, or Miri) so that
 /// the caller copies word by word with atomics. The loads are aligned `movdqa`s, which
-/// the hardware carries out atomically (Intel SDM vol. 3 §9.1.1: on every processor
-/// with AVX; before that each aligned quadword of them is): each of the buffer's words
-/// is read whole.
+/// every processor that enumerates AVX carries out atomically (Intel SDM vol. 3
+/// §9.1.1), so each of the buffer's words is read whole; without AVX the manual only
+/// says such an access may be made of several, hence the check (cached by std).
 ///
 /// # Safety
 /// `src` readable and `dst` writable for `blocks * 64` bytes, not overlapping; `src` is
@@ -664,6 +687,10 @@ unsafe fn copy_words(dst: *mut u8, src: *const u8, words: usize) -> bool {
 unsafe fn copy_blocks(dst: *mut u8, src: *const u8, blocks: usize) -> bool {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
+        if !std::arch::is_x86_feature_detected!("avx") {
+            return false;
+        }
+        debug_assert!((src as usize).is_multiple_of(16));
         // SAFETY: the caller's promise: `blocks` 64-byte blocks readable at `src` (16-byte
         // aligned, as `movdqa` needs) and writable at `dst`, not overlapping. Only the
         // four xmm registers named and the flags are changed; no stack.
@@ -767,6 +794,21 @@ mod tests {
         // SAFETY: as above.
         let bad = unsafe { RdmaBuffer::map_shared_split(&f, 0, 100, 4096) };
         assert!(bad.is_err(), "the first part must be whole pages");
+        // An offset inside a page would give a buffer that is not page-aligned (memmap2
+        // rounds the offset down and points into the page).
+        for off in [8u64, 100, 4096 + 16] {
+            // SAFETY: as above (and nothing is mapped).
+            let e = unsafe { RdmaBuffer::map_shared(&f, off, 4096) }.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "offset {off}");
+            // SAFETY: as above.
+            let e = unsafe { RdmaBuffer::map_shared_split(&f, off, 4096, 4096) }.unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "offset {off}");
+        }
+        // SAFETY: as above.
+        let at_page = unsafe { RdmaBuffer::map_shared(&f, 4096, 4096) }.unwrap();
+        let mut d = [0u8; 4];
+        at_page.read(0, &mut d);
+        assert_eq!(&d, b"data");
     }
 
     /// Two safe threads copying into and out of overlapping, unaligned

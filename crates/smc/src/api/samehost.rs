@@ -35,10 +35,31 @@ impl Drop for Polling<'_> {
     fn drop(&mut self) {
         crate::runtime::shm::region::RxRing::polling(&self.path.rx_ctrl, false);
         // After the count went down (with a fence): a CDC published before it did not
-        // ring; one published after it rings.
-        if self.path.rx_pending() {
+        // ring; one published after it rings. Not while unwinding: a second panic in
+        // the drain would abort, and the count is right either way (the event thread
+        // takes what comes next, on the bell).
+        if self.path.rx_pending() && !std::thread::panicking() {
             self.handle.conn.shm_poll(Instant::now());
         }
+    }
+}
+
+/// A counted thread's sleep ([`Polling`]): not counted from [`Paused::new`] until the
+/// drop, so that the count comes back however the sleep ends (a panic in between would
+/// otherwise leave the guard to take one more off, wrapping the count: the peer would
+/// never ring again).
+struct Paused<'a>(&'a crate::runtime::shm::ShmPath);
+
+impl<'a> Paused<'a> {
+    fn new(p: &'a crate::runtime::shm::ShmPath) -> Self {
+        crate::runtime::shm::region::RxRing::polling(&p.rx_ctrl, false);
+        Paused(p)
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        crate::runtime::shm::region::RxRing::polling(&self.0.rx_ctrl, true);
     }
 }
 
@@ -138,12 +159,11 @@ impl SmcHandle {
             }
             None => None,
         };
-        use crate::runtime::shm::region::RxRing;
         let Some(me) = SLEEPER.with(|s| s.clone()) else {
             // No eventfd for this thread (out of descriptors): the condition variable,
             // woken by whoever takes the ring (the event thread, on the bell).
             let seq = self.seq(dir).load(Ordering::Acquire);
-            RxRing::polling(&p.rx_ctrl, false);
+            let paused = Paused::new(p);
             self.conn.shm_take(&mut st);
             let st = if self.seq(dir).load(Ordering::Acquire) != seq {
                 st
@@ -153,7 +173,7 @@ impl SmcHandle {
                     None => self.cond(dir).wait(st),
                 }
             };
-            RxRing::polling(&p.rx_ctrl, true);
+            drop(paused);
             return Ok(st);
         };
         let seq_of = self.seq(dir);
@@ -161,7 +181,7 @@ impl SmcHandle {
         sleepers(&mut st, dir).push(me.clone());
         drop(st);
         // Not polling while asleep: from here on the peer rings.
-        RxRing::polling(&p.rx_ctrl, false);
+        let paused = Paused::new(p);
         // Registered and not counted before this last look: a CDC published after it
         // rings the bell, and an event after it writes `me`.
         if !p.rx_pending() && seq_of.load(Ordering::Acquire) == seq {
@@ -177,7 +197,7 @@ impl SmcHandle {
         }
         // Polling again before the drain below, which takes every CDC published until
         // then (those after it did not ring).
-        RxRing::polling(&p.rx_ctrl, true);
+        drop(paused);
         p.bell.drain();
         me.drain();
         // Whoever drained the bell takes the ring (and wakes the other sleepers).

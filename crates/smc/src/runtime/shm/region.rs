@@ -26,7 +26,8 @@ pub(crate) const CTRL_LEN: usize = 4096;
 const HEAD: usize = 0;
 /// CDCs consumed by the owner, ever.
 const TAIL: usize = 8;
-/// Threads of the owner spinning on the ring now: the writer need not ring the bell.
+/// Threads of the owner polling the ring now (inside a read or write call and not
+/// asleep, `api::samehost::Polling`): the writer need not ring the bell.
 const POLLING: usize = 16;
 /// The writer found the ring full and waits for the owner to ring its bell.
 const TX_WAIT: usize = 24;
@@ -149,7 +150,7 @@ impl RxRing {
         Ok(word(&self.ctrl, TX_WAIT).swap(0, Ordering::AcqRel) != 0)
     }
 
-    /// A thread of ours starts (`+1`) or stops (`-1`) spinning on this ring.
+    /// A thread of ours starts (`+1`) or stops (`-1`) polling this ring.
     pub(crate) fn polling(ctrl: &RdmaBuffer, start: bool) {
         let w = word(ctrl, POLLING);
         if start {
@@ -187,7 +188,7 @@ impl TxRing {
     }
 
     /// Publishes a CDC (after [`Self::has_room`] said yes). Returns whether the peer
-    /// sleeps (no thread of it spins on the ring): then ring its bell.
+    /// sleeps (no thread of it polls the ring): then ring its bell.
     pub(crate) fn publish(&mut self, cdc: &[u8; 44]) -> bool {
         let off = SLOTS + (self.head % NSLOTS) as usize * SLOT_LEN;
         self.ctrl.write(off, cdc);
