@@ -50,12 +50,12 @@
 //! a 4 KiB copy took about 0.4 µs instead of 0.15-0.25 µs on the 2-core
 //! development VM. That bounded the same-host path's bulk throughput (two
 //! copies per byte, nothing else in the way), hence the copies above;
-//! shorter copies and other architectures keep the word loops. The software RNIC's data path is bounded by the kernel's
-//! per-datagram UDP cost, not by these copies: `smc-softroce`'s
-//! `loopback_perf` (64 KiB RDMA WRITEs) ran at the same throughput within
-//! its noise before and after (best runs ≈14 Gbit/s with UDP GSO, ≈4.4
-//! without), with ≈20-30 % more user CPU (≈0.07 s per GiB, beside ≈0.3-1.5
-//! s per GiB of kernel time).
+//! shorter copies and other architectures keep the word loops. The software
+//! RNIC's data path is bounded by the kernel's per-datagram UDP cost, not by
+//! these copies: `smc-softroce`'s `loopback_perf` (64 KiB RDMA WRITEs) ran at
+//! the same throughput within its noise with the word loops as with `memcpy`
+//! (best runs ≈14 Gbit/s with UDP GSO, ≈4.4 without), with ≈20-30 % more user
+//! CPU (≈0.07 s per GiB, beside ≈0.3-1.5 s per GiB of kernel time).
 
 use std::io;
 use std::ptr::NonNull;
@@ -379,8 +379,7 @@ impl RdmaBuffer {
     }
 
     /// The address of word `i` (bytes `8i ..`), for [`copy_words`] and [`copy_blocks`];
-    /// `i` may be one past
-    /// the last word (an empty copy at the end).
+    /// `i` may be one past the last word (an empty copy at the end).
     #[inline(always)]
     fn word_ptr(&self, i: usize) -> *mut u8 {
         debug_assert!(i <= self.len.div_ceil(WORD));
