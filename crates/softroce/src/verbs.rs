@@ -93,15 +93,24 @@ impl DeviceOps for SoftDevice {
             dev: self.handle.clone(),
         }))
     }
-    fn drive(&self, done: &dyn Fn() -> bool, waker: Option<&DriveWaker>, max: Duration) -> bool {
+    fn drive(
+        &self,
+        done: &dyn Fn() -> bool,
+        waker: Option<&DriveWaker>,
+        max: Duration,
+        spin: Duration,
+    ) -> bool {
         let eng = &self.handle.eng;
         if runs_handlers() {
             // The engine (or a nested drive from a handler) must not wait here.
             return done();
         }
-        let deadline = Instant::now() + max;
+        let start = Instant::now();
+        let deadline = start + max;
+        let spin_until = start + spin.min(max);
         let mut driver = eng.enter_driver();
         set_driving(true);
+        let mut spins = 0u32;
         let r = loop {
             eng.drain_rx();
             if done() {
@@ -110,6 +119,20 @@ impl DeviceOps for SoftDevice {
             let now = Instant::now();
             if now >= deadline {
                 break false;
+            }
+            if now < spin_until {
+                // Each turn is a non-blocking receive (a system call), so the peer's
+                // packet is taken within a microsecond or two of its arrival, without
+                // this thread's wake-up (~30 µs on the 2-CPU development VM: the whole
+                // round trip of `smc bench` was two of them). A yield now and then:
+                // with more runnable threads than CPUs the peer may be queued behind
+                // this very spin.
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(16) {
+                    std::thread::yield_now();
+                }
+                std::hint::spin_loop();
+                continue;
             }
             // The socket, and the waker: the completion we wait for may be
             // received by another thread (the engine's look at the socket

@@ -169,10 +169,12 @@ fn drive_returns_when_its_waker_is_woken() {
     });
     let max = Duration::from_secs(120);
     let t0 = Instant::now();
-    let r = a
-        .dev
-        .0
-        .drive(&|| done.load(Ordering::SeqCst), Some(&waker), max);
+    let r = a.dev.0.drive(
+        &|| done.load(Ordering::SeqCst),
+        Some(&waker),
+        max,
+        Duration::ZERO,
+    );
     let took = t0.elapsed();
     t.join().unwrap();
     assert!(r);
@@ -180,10 +182,38 @@ fn drive_returns_when_its_waker_is_woken() {
     assert!(took < max, "drive slept through its waker ({took:?})");
     // A stale wake-up is harmless: the next drive only looks once more.
     waker.wake();
-    assert!(!a
+    assert!(!a.dev.0.drive(
+        &|| false,
+        Some(&waker),
+        Duration::from_millis(20),
+        Duration::ZERO
+    ));
+}
+
+/// For the first `spin` of a drive the thread does not sleep: a `done()` that turns
+/// true then is seen at once, with no packet and no waker to end a sleep (which the
+/// drive above, without a spin, would sleep through until `max`).
+#[test]
+fn a_spinning_drive_sees_done_without_a_wake_up() {
+    let o = Opts::default();
+    let (a, _b) = pair(46, &Config::default(), &o);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d2 = done.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        d2.store(true, Ordering::SeqCst);
+    });
+    let (max, spin) = (Duration::from_secs(20), Duration::from_secs(10));
+    let t0 = Instant::now();
+    let r = a
         .dev
         .0
-        .drive(&|| false, Some(&waker), Duration::from_millis(20)));
+        .drive(&|| done.load(Ordering::SeqCst), None, max, spin);
+    let took = t0.elapsed();
+    t.join().unwrap();
+    assert!(r);
+    // Not a speed check: asleep, the call would last `max`.
+    assert!(took < spin, "the drive slept ({took:?})");
 }
 
 /// Options for the two tests below: A's local ACK timeout 67 ms, so that a
@@ -238,6 +268,7 @@ fn a_registered_driver_that_stops_receiving_does_not_stop_the_device() {
                 },
                 None,
                 T,
+                Duration::ZERO,
             )
         })
     };
@@ -294,7 +325,7 @@ fn a_handler_blocked_on_the_receiving_thread_does_not_stop_the_device() {
         std::thread::spawn(move || {
             let id = std::thread::current().id();
             let open = || *gate.0.lock().unwrap();
-            let r = dev.0.drive(&open, None, T);
+            let r = dev.0.drive(&open, None, T, Duration::ZERO);
             (id, r)
         })
     };

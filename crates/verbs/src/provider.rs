@@ -104,13 +104,18 @@ pub trait DeviceOps: Send + Sync {
     /// until a packet or `max` (a completion another thread received has
     /// no packet left for this one to wake on). Without it the provider
     /// notices such a completion only at `max`.
+    ///
+    /// For the first `spin` of `max` the provider looks for packets without
+    /// sleeping (yielding the CPU now and then): an answer within it costs
+    /// no wake-up of this thread.
     fn drive(
         &self,
         done: &dyn Fn() -> bool,
         waker: Option<&crate::DriveWaker>,
         max: Duration,
+        spin: Duration,
     ) -> bool {
-        let _ = (max, waker);
+        let _ = (max, waker, spin);
         done()
     }
     /// For downcasting in providers.

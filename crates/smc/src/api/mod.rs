@@ -229,13 +229,13 @@ impl SmcHandle {
             let t0 = Instant::now();
             st = match self.spin_same_host(p, st, dir) {
                 Ok(st) => {
-                    p.adapt(t0.elapsed());
+                    p.spin.adapt(t0.elapsed());
                     return Ok(st);
                 }
                 Err(st) => st,
             };
             let r = self.sleep_same_host(p, st, deadline, dir);
-            p.adapt(t0.elapsed());
+            p.spin.adapt(t0.elapsed());
             return r;
         }
         // The RNIC is driven from this thread only on SMC-R (a same-host connection
@@ -273,11 +273,14 @@ impl SmcHandle {
                 let max = deadline.map_or(drive, |d| {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
+                let t0 = Instant::now();
                 device.0.drive(
                     &|| seq_of.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,
+                    self.conn.rnic_spin.get(),
                 );
+                self.conn.rnic_spin.adapt(t0.elapsed());
                 let mut st = self.conn.lock();
                 if let Some(w) = &waker {
                     let v = drivers(&mut st, dir);

@@ -4,7 +4,7 @@
 use std::io::{self, ErrorKind};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Dir, SmcHandle};
 use crate::runtime::conn::ConnState;
@@ -83,7 +83,7 @@ impl SmcHandle {
         st: MutexGuard<'a, ConnState>,
         dir: Dir,
     ) -> Result<MutexGuard<'a, ConnState>, MutexGuard<'a, ConnState>> {
-        let budget = Duration::from_nanos(p.spin_ns.load(Ordering::Relaxed));
+        let budget = p.spin.get();
         if budget.is_zero() {
             return Err(st);
         }

@@ -170,6 +170,8 @@ pub(crate) struct ConnShared {
     pub rx_seq: AtomicU64,
     /// Bumped whenever writers are woken.
     pub tx_seq: AtomicU64,
+    /// How long a blocking call's RNIC drive spins before it sleeps (SMC-R).
+    pub rnic_spin: crate::runtime::spin::SpinBudget,
     pub stack: Weak<Inner>,
     pub self_ref: Weak<ConnShared>,
 }
@@ -207,6 +209,7 @@ impl ConnShared {
             bytes_received: Default::default(),
             rx_seq: Default::default(),
             tx_seq: Default::default(),
+            rnic_spin: crate::runtime::spin::SpinBudget::new(inner.cfg.rnic_spin),
             stack: Arc::downgrade(inner),
             self_ref: me.clone(),
         })

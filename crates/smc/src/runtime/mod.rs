@@ -18,6 +18,7 @@ pub(crate) mod link;
 mod netmon;
 mod routes;
 pub(crate) mod shm;
+pub(crate) mod spin;
 mod sys;
 mod timers;
 
@@ -107,6 +108,11 @@ pub struct StackConfig {
     /// completion handler there), so the peer's CDC wakes one thread instead of the
     /// RNIC's and then this one. Zero disables it.
     pub rnic_drive: Duration,
+    /// The first part of [`StackConfig::rnic_drive`] spent looking for packets without
+    /// sleeping (adaptive below it, per connection, like `same_host_spin`;
+    /// `SMC_RS_RNIC_SPIN_US`, 0: sleep in `poll` at once). Saves the driving thread's
+    /// wake-up when the peer answers within it.
+    pub rnic_spin: Duration,
     /// Offer and take smc-rs's same-host path (shared memory between two smc-rs stacks
     /// on one host, docs/samehost.md). On in [`StackConfig::from_env`] (the process
     /// default: `Stack::global`, the `smc` command, `smc run`; `SMC_RS_SAME_HOST=0`
@@ -191,6 +197,7 @@ impl StackConfig {
             rmb_cache: 16,
             busy_poll: Duration::from_micros(BUSY_POLL_US),
             rnic_drive: Duration::from_millis(1),
+            rnic_spin: Duration::from_micros(50),
             same_host: false,
             same_host_dir: shm::DEFAULT_DIR.into(),
             same_host_spin: Duration::from_micros(50),
@@ -297,6 +304,12 @@ impl StackConfig {
             match v.trim().parse::<u64>() {
                 Ok(n) => c.same_host_spin = Duration::from_micros(n),
                 Err(_) => warn!(value = %v, "SMC_RS_SAME_HOST_SPIN_US is not a number; ignored"),
+            }
+        }
+        if let Some(v) = smc_verbs::process::config_var("SMC_RS_RNIC_SPIN_US") {
+            match v.trim().parse::<u64>() {
+                Ok(n) => c.rnic_spin = Duration::from_micros(n),
+                Err(_) => warn!(value = %v, "SMC_RS_RNIC_SPIN_US is not a number; ignored"),
             }
         }
         if let Some(v) = smc_verbs::process::config_var("SMC_RS_LOCAL_ADDR") {

@@ -1097,9 +1097,8 @@ pub(crate) struct ShmPath {
     pub session: Option<SessionLink>,
     /// Our ring position as last seen under the lock (a hint for spinning threads).
     pub rx_tail_hint: AtomicU64,
-    /// Current spin budget in ns (adaptive, between 1/16 and all of the configured one).
-    pub spin_ns: AtomicU64,
-    pub spin_max: Duration,
+    /// How long a blocking call spins on the ring before it sleeps.
+    pub spin: crate::runtime::spin::SpinBudget,
 }
 
 /// The rings, under the connection's lock.
@@ -1132,8 +1131,7 @@ impl ShmPath {
             rx_num: s.rx.num,
             session: s.session,
             rx_tail_hint: AtomicU64::new(0),
-            spin_ns: AtomicU64::new(spin_max.as_nanos() as u64),
-            spin_max,
+            spin: crate::runtime::spin::SpinBudget::new(spin_max),
         };
         Ok((p, rings, s.rx.region.data))
     }
@@ -1159,21 +1157,6 @@ impl ShmPath {
     /// A CDC is waiting in our ring (no lock needed).
     pub(crate) fn rx_pending(&self) -> bool {
         RxRing::pending(&self.rx_ctrl, self.rx_tail_hint.load(Ordering::Acquire))
-    }
-
-    /// Adapts the spin budget to how long a wait took, spin and sleep together: an
-    /// answer that came within the longest spin means spinning that long would have
-    /// caught it (the budget goes back to the maximum); a longer wait halves it, down to
-    /// a sixteenth, so an idle connection costs little CPU and a busy one gets its
-    /// answers without a wake-up.
-    pub(crate) fn adapt(&self, waited: Duration) {
-        let max = self.spin_max.as_nanos() as u64;
-        let next = if waited <= self.spin_max {
-            max
-        } else {
-            (self.spin_ns.load(Ordering::Relaxed) / 2).max(max / 16)
-        };
-        self.spin_ns.store(next, Ordering::Relaxed);
     }
 }
 

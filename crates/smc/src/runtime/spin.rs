@@ -1,0 +1,66 @@
+//! An adaptive spin budget: how long a blocking call looks for its peer's answer
+//! without sleeping (a same-host connection on its ring, an SMC-R connection on its
+//! RNIC through `DeviceOps::drive`). Spinning saves the sleeping thread's wake-up — on
+//! the 2-CPU development VM a wake-up costs ~30 µs, more than a whole same-host round
+//! trip — at the price of CPU while nothing comes, so the budget adapts (docs/
+//! samehost.md "Waking", docs/core-design.md "Receiving readers").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The budget of one connection: between a sixteenth of `max` and all of it.
+pub(crate) struct SpinBudget {
+    ns: AtomicU64,
+    max: Duration,
+}
+
+impl SpinBudget {
+    /// Starts at `max` (zero: never spin).
+    pub(crate) fn new(max: Duration) -> SpinBudget {
+        SpinBudget {
+            ns: AtomicU64::new(max.as_nanos() as u64),
+            max,
+        }
+    }
+
+    /// How long the next wait may spin.
+    pub(crate) fn get(&self) -> Duration {
+        Duration::from_nanos(self.ns.load(Ordering::Relaxed))
+    }
+
+    /// After a wait of `waited` (spin and sleep together): an answer that came within
+    /// the longest spin means spinning that long would have caught it (back to the
+    /// maximum); a longer wait halves the budget, down to a sixteenth, so an idle
+    /// connection costs little CPU and a busy one gets its answers without a wake-up.
+    pub(crate) fn adapt(&self, waited: Duration) {
+        let max = self.max.as_nanos() as u64;
+        let next = if waited <= self.max {
+            max
+        } else {
+            (self.ns.load(Ordering::Relaxed) / 2).max(max / 16)
+        };
+        self.ns.store(next, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_waits_halve_the_budget_down_to_a_sixteenth_and_a_quick_answer_restores_it() {
+        let b = SpinBudget::new(Duration::from_micros(64));
+        assert_eq!(b.get(), Duration::from_micros(64));
+        b.adapt(Duration::from_millis(5));
+        assert_eq!(b.get(), Duration::from_micros(32));
+        for _ in 0..10 {
+            b.adapt(Duration::from_millis(5));
+        }
+        assert_eq!(b.get(), Duration::from_micros(4));
+        b.adapt(Duration::from_micros(20));
+        assert_eq!(b.get(), Duration::from_micros(64));
+        let off = SpinBudget::new(Duration::ZERO);
+        off.adapt(Duration::from_millis(1));
+        assert_eq!(off.get(), Duration::ZERO);
+    }
+}
