@@ -216,6 +216,30 @@ fn a_spinning_drive_sees_done_without_a_wake_up() {
     assert!(took < spin, "the drive slept ({took:?})");
 }
 
+/// After its spin a drive sleeps: with nothing to receive and `done()` never true, a
+/// drive of 1 s whose first 20 ms spin takes far less than 1 s of this thread's CPU.
+#[test]
+fn a_drive_sleeps_after_its_spin() {
+    fn thread_cpu() -> Duration {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    }
+    let o = Opts::default();
+    let (a, _b) = pair(47, &Config::default(), &o);
+    let (max, spin) = (Duration::from_secs(1), Duration::from_millis(20));
+    let cpu0 = thread_cpu();
+    let t0 = Instant::now();
+    assert!(!a.dev.0.drive(&|| false, None, max, spin));
+    let (wall, cpu) = (t0.elapsed(), thread_cpu() - cpu0);
+    assert!(wall >= max, "the drive ended early ({wall:?})");
+    // A drive that spun all along would have used most of the second (more than 300
+    // ms even with half a CPU), asleep after 20 ms it uses about that.
+    assert!(
+        cpu < Duration::from_millis(300),
+        "the drive spun past its spin ({cpu:?})"
+    );
+}
+
 /// Options for the two tests below: A's local ACK timeout 67 ms, so that a
 /// B that stops acknowledging fails A's SENDs with RetryExcErr after its
 /// 7 retries (about half a second, CHECKLIST RTY-1).

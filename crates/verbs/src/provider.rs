@@ -105,9 +105,9 @@ pub trait DeviceOps: Send + Sync {
     /// no packet left for this one to wake on). Without it the provider
     /// notices such a completion only at `max`.
     ///
-    /// For the first `spin` of `max` the provider looks for packets without
-    /// sleeping (yielding the CPU now and then): an answer within it costs
-    /// no wake-up of this thread.
+    /// For the first `spin` of `max` a provider that receives here may look
+    /// for packets without sleeping (softroce does, yielding the CPU now and
+    /// then): an answer within it costs no wake-up of this thread.
     fn drive(
         &self,
         done: &dyn Fn() -> bool,

@@ -235,7 +235,12 @@ impl SmcHandle {
                 Err(st) => st,
             };
             let r = self.sleep_same_host(p, st, deadline, dir);
-            p.spin.adapt(t0.elapsed());
+            // A wait that timed out counts as long however short it was.
+            p.spin.adapt(if r.is_ok() {
+                t0.elapsed()
+            } else {
+                Duration::MAX
+            });
             return r;
         }
         // The RNIC is driven from this thread only on SMC-R (a same-host connection
@@ -274,13 +279,19 @@ impl SmcHandle {
                     d.saturating_duration_since(Instant::now()).min(drive)
                 });
                 let t0 = Instant::now();
-                device.0.drive(
+                let answered = device.0.drive(
                     &|| seq_of.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,
-                    self.conn.rnic_spin.get(),
+                    self.conn.rnic_spin.get().min(max),
                 );
-                self.conn.rnic_spin.adapt(t0.elapsed());
+                // A drive that ran out without the answer counts as a long wait however
+                // short it was (a spin as long as the drive must not look like a hit).
+                self.conn.rnic_spin.adapt(if answered {
+                    t0.elapsed()
+                } else {
+                    Duration::MAX
+                });
                 let mut st = self.conn.lock();
                 if let Some(w) = &waker {
                     let v = drivers(&mut st, dir);

@@ -28,13 +28,17 @@ impl SpinBudget {
         Duration::from_nanos(self.ns.load(Ordering::Relaxed))
     }
 
-    /// After a wait of `waited` (spin and sleep together): an answer that came within
-    /// the longest spin means spinning that long would have caught it (back to the
-    /// maximum); a longer wait halves the budget, down to a sixteenth, so an idle
-    /// connection costs little CPU and a busy one gets its answers without a wake-up.
+    /// After a wait that ended with its answer after `waited` (spin and sleep together;
+    /// [`Duration::MAX`] for a wait that ended without one): an answer within twice the
+    /// longest spin puts the budget back to the maximum — spinning that long would have
+    /// caught it or nearly, and the measured wait includes this thread's own wake-up
+    /// when the spin was shorter (~30 µs on the development VM), so a bound of one spin
+    /// would keep two peers whose budgets both decayed at the floor for good — while a
+    /// longer wait halves it, down to a sixteenth: an idle connection costs little CPU,
+    /// a busy one gets its answers without a wake-up.
     pub(crate) fn adapt(&self, waited: Duration) {
         let max = self.max.as_nanos() as u64;
-        let next = if waited <= self.max {
+        let next = if waited <= self.max.saturating_mul(2) {
             max
         } else {
             (self.ns.load(Ordering::Relaxed) / 2).max(max / 16)
@@ -57,8 +61,14 @@ mod tests {
             b.adapt(Duration::from_millis(5));
         }
         assert_eq!(b.get(), Duration::from_micros(4));
-        b.adapt(Duration::from_micros(20));
+        // An answer soon after a short spin (this thread's wake-up included) restores it.
+        b.adapt(Duration::from_micros(128));
         assert_eq!(b.get(), Duration::from_micros(64));
+        b.adapt(Duration::from_micros(129));
+        assert_eq!(b.get(), Duration::from_micros(32));
+        // A wait that ended without its answer (a drive that ran out) never restores.
+        b.adapt(Duration::MAX);
+        assert_eq!(b.get(), Duration::from_micros(16));
         let off = SpinBudget::new(Duration::ZERO);
         off.adapt(Duration::from_millis(1));
         assert_eq!(off.get(), Duration::ZERO);
