@@ -117,10 +117,13 @@ impl ConnState {
             nonblocking: false,
             rx_waker: None,
             tx_waker: None,
-            rx_drivers: Vec::new(),
-            tx_drivers: Vec::new(),
-            shm_rx_sleepers: Vec::new(),
-            shm_tx_sleepers: Vec::new(),
+            // Room for the usual waiters from the start: a first wait of the connection
+            // (which may come long after the set-up: a writer that never found the
+            // window closed before) allocates nothing on the data path.
+            rx_drivers: Vec::with_capacity(2),
+            tx_drivers: Vec::with_capacity(2),
+            shm_rx_sleepers: Vec::with_capacity(2),
+            shm_tx_sleepers: Vec::with_capacity(2),
             shm_bell_task: false,
             bell_waker: None,
         }

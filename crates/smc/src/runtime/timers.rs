@@ -25,11 +25,24 @@ pub(crate) struct TimerQueue {
     heap: Mutex<Heap>,
 }
 
-#[derive(Default)]
 struct Heap {
     entries: BinaryHeap<Reverse<(Instant, u32)>>,
     /// When the event thread's next sleep ends at the latest (`None`: not planned yet).
     sleep_until: Option<Instant>,
+}
+
+/// Entries the queue has room for from the start (1.5 KiB): a stack's first timer, which
+/// may be armed by a data-path call long after its connections were set up, allocates
+/// nothing there. Beyond it the heap grows once to its high-water mark and keeps it.
+const INITIAL_ENTRIES: usize = 64;
+
+impl Default for Heap {
+    fn default() -> Heap {
+        Heap {
+            entries: BinaryHeap::with_capacity(INITIAL_ENTRIES),
+            sleep_until: None,
+        }
+    }
 }
 
 impl TimerQueue {
