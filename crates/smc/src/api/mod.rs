@@ -229,18 +229,13 @@ impl SmcHandle {
             let t0 = Instant::now();
             st = match self.spin_same_host(p, st, dir) {
                 Ok(st) => {
-                    p.spin.adapt(t0.elapsed());
+                    p.spin.adapt(Some(t0.elapsed()));
                     return Ok(st);
                 }
                 Err(st) => st,
             };
             let r = self.sleep_same_host(p, st, deadline, dir);
-            // A wait that timed out counts as long however short it was.
-            p.spin.adapt(if r.is_ok() {
-                t0.elapsed()
-            } else {
-                Duration::MAX
-            });
+            p.spin.adapt(r.is_ok().then(|| t0.elapsed()));
             return r;
         }
         // The RNIC is driven from this thread only on SMC-R (a same-host connection
@@ -285,13 +280,9 @@ impl SmcHandle {
                     max,
                     self.conn.rnic_spin.get().min(max),
                 );
-                // A drive that ran out without the answer counts as a long wait however
-                // short it was (a spin as long as the drive must not look like a hit).
-                self.conn.rnic_spin.adapt(if answered {
-                    t0.elapsed()
-                } else {
-                    Duration::MAX
-                });
+                // A drive that ran out is no answer (a spin as long as the drive must not
+                // look like a quick one).
+                self.conn.rnic_spin.adapt(answered.then(|| t0.elapsed()));
                 let mut st = self.conn.lock();
                 if let Some(w) = &waker {
                     let v = drivers(&mut st, dir);

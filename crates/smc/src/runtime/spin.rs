@@ -29,16 +29,17 @@ impl SpinBudget {
     }
 
     /// After a wait that ended with its answer after `waited` (spin and sleep together;
-    /// [`Duration::MAX`] for a wait that ended without one): an answer within twice the
+    /// `None` for a wait that ended without one: a drive that ran out, a timeout, which
+    /// counts as long however short it was): an answer within twice the
     /// longest spin puts the budget back to the maximum — spinning that long would have
     /// caught it or nearly, and the measured wait includes this thread's own wake-up
     /// when the spin was shorter (~30 µs on the development VM), so a bound of one spin
     /// would keep two peers whose budgets both decayed at the floor for good — while a
     /// longer wait halves it, down to a sixteenth: an idle connection costs little CPU,
     /// a busy one gets its answers without a wake-up.
-    pub(crate) fn adapt(&self, waited: Duration) {
+    pub(crate) fn adapt(&self, waited: Option<Duration>) {
         let max = self.max.as_nanos() as u64;
-        let next = if waited <= self.max.saturating_mul(2) {
+        let next = if waited.is_some_and(|w| w <= self.max.saturating_mul(2)) {
             max
         } else {
             (self.ns.load(Ordering::Relaxed) / 2).max(max / 16)
@@ -55,22 +56,22 @@ mod tests {
     fn long_waits_halve_the_budget_down_to_a_sixteenth_and_a_quick_answer_restores_it() {
         let b = SpinBudget::new(Duration::from_micros(64));
         assert_eq!(b.get(), Duration::from_micros(64));
-        b.adapt(Duration::from_millis(5));
+        b.adapt(Some(Duration::from_millis(5)));
         assert_eq!(b.get(), Duration::from_micros(32));
         for _ in 0..10 {
-            b.adapt(Duration::from_millis(5));
+            b.adapt(Some(Duration::from_millis(5)));
         }
         assert_eq!(b.get(), Duration::from_micros(4));
         // An answer soon after a short spin (this thread's wake-up included) restores it.
-        b.adapt(Duration::from_micros(128));
+        b.adapt(Some(Duration::from_micros(128)));
         assert_eq!(b.get(), Duration::from_micros(64));
-        b.adapt(Duration::from_micros(129));
+        b.adapt(Some(Duration::from_micros(129)));
         assert_eq!(b.get(), Duration::from_micros(32));
         // A wait that ended without its answer (a drive that ran out) never restores.
-        b.adapt(Duration::MAX);
+        b.adapt(None);
         assert_eq!(b.get(), Duration::from_micros(16));
         let off = SpinBudget::new(Duration::ZERO);
-        off.adapt(Duration::from_millis(1));
+        off.adapt(Some(Duration::from_millis(1)));
         assert_eq!(off.get(), Duration::ZERO);
     }
 }
