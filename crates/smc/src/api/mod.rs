@@ -229,13 +229,13 @@ impl SmcHandle {
             let t0 = Instant::now();
             st = match self.spin_same_host(p, st, dir) {
                 Ok(st) => {
-                    p.spin.adapt(Some(t0.elapsed()));
+                    self.conn.spin.adapt(Some(t0.elapsed()));
                     return Ok(st);
                 }
                 Err(st) => st,
             };
             let r = self.sleep_same_host(p, st, deadline, dir);
-            p.spin.adapt(r.is_ok().then(|| t0.elapsed()));
+            self.conn.spin.adapt(r.is_ok().then(|| t0.elapsed()));
             return r;
         }
         // The RNIC is driven from this thread only on SMC-R (a same-host connection
@@ -278,11 +278,11 @@ impl SmcHandle {
                     &|| seq_of.load(Ordering::Acquire) != seq,
                     waker.as_ref(),
                     max,
-                    self.conn.rnic_spin.get().min(max),
+                    self.conn.spin.get().min(max),
                 );
                 // A drive that ran out is no answer (a spin as long as the drive must not
                 // look like a quick one).
-                self.conn.rnic_spin.adapt(answered.then(|| t0.elapsed()));
+                self.conn.spin.adapt(answered.then(|| t0.elapsed()));
                 let mut st = self.conn.lock();
                 if let Some(w) = &waker {
                     let v = drivers(&mut st, dir);

@@ -83,7 +83,7 @@ impl SmcHandle {
         st: MutexGuard<'a, ConnState>,
         dir: Dir,
     ) -> Result<MutexGuard<'a, ConnState>, MutexGuard<'a, ConnState>> {
-        let budget = p.spin.get();
+        let budget = self.conn.spin.get();
         if budget.is_zero() {
             return Err(st);
         }

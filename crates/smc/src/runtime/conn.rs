@@ -173,8 +173,9 @@ pub(crate) struct ConnShared {
     pub rx_seq: AtomicU64,
     /// Bumped whenever writers are woken.
     pub tx_seq: AtomicU64,
-    /// How long a blocking call's RNIC drive spins before it sleeps (SMC-R).
-    pub rnic_spin: crate::runtime::spin::SpinBudget,
+    /// How long a blocking call looks for the peer's answer before it sleeps: on its
+    /// RNIC (`StackConfig::rnic_spin`) or on its same-host ring (`same_host_spin`).
+    pub spin: crate::runtime::spin::SpinBudget,
     pub stack: Weak<Inner>,
     pub self_ref: Weak<ConnShared>,
 }
@@ -195,6 +196,10 @@ pub(crate) struct ConnParts {
 impl ConnShared {
     /// A new connection of `inner`'s stack (SMC-R or same-host).
     pub(crate) fn new(p: ConnParts, inner: &Arc<Inner>) -> Arc<ConnShared> {
+        let spin_max = match p.kind {
+            Kind::SmcR(_) => inner.cfg.rnic_spin,
+            Kind::SameHost(_) => inner.cfg.same_host_spin,
+        };
         Arc::new_cyclic(|me| ConnShared {
             token: p.token,
             kind: p.kind,
@@ -212,7 +217,7 @@ impl ConnShared {
             bytes_received: Default::default(),
             rx_seq: Default::default(),
             tx_seq: Default::default(),
-            rnic_spin: crate::runtime::spin::SpinBudget::new(inner.cfg.rnic_spin),
+            spin: crate::runtime::spin::SpinBudget::new(spin_max),
             stack: Arc::downgrade(inner),
             self_ref: me.clone(),
         })

@@ -1097,8 +1097,6 @@ pub(crate) struct ShmPath {
     pub session: Option<SessionLink>,
     /// Our ring position as last seen under the lock (a hint for spinning threads).
     pub rx_tail_hint: AtomicU64,
-    /// How long a blocking call spins on the ring before it sleeps.
-    pub spin: crate::runtime::spin::SpinBudget,
 }
 
 /// The rings, under the connection's lock.
@@ -1108,10 +1106,7 @@ pub(crate) struct ShmRings {
 }
 
 impl ShmPath {
-    pub(crate) fn new(
-        s: ShmSetup,
-        spin_max: Duration,
-    ) -> io::Result<(ShmPath, ShmRings, Arc<RdmaBuffer>)> {
+    pub(crate) fn new(s: ShmSetup) -> io::Result<(ShmPath, ShmRings, Arc<RdmaBuffer>)> {
         let rings = ShmRings {
             rx: RxRing {
                 ctrl: s.rx.region.ctrl.clone(),
@@ -1131,7 +1126,6 @@ impl ShmPath {
             rx_num: s.rx.num,
             session: s.session,
             rx_tail_hint: AtomicU64::new(0),
-            spin: crate::runtime::spin::SpinBudget::new(spin_max),
         };
         Ok((p, rings, s.rx.region.data))
     }
@@ -1179,7 +1173,7 @@ pub(crate) fn new_conn(
         setup.peer_token,
         setup.tx.region.data.len() as u32,
     );
-    let (path, rings, rmb) = ShmPath::new(setup, cfg.same_host_spin)?;
+    let (path, rings, rmb) = ShmPath::new(setup)?;
     let geo = |len: u32| {
         // No eye catcher: the RMB is ours alone (RFC 7609 §4.2's is optional).
         crate::conn::RmbeGeometry::linux(len)
