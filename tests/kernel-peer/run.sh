@@ -242,8 +242,9 @@ client_finished_or_fail() { # wait for the client VM's result while PEER_CMD (th
 	local deadline=$(($(date +%s) + VM_TIMEOUT)) grace=$((IOTIMEOUT + 10))
 	while :; do
 		vm_wait client 'client-finished' 1 2 && return 0
-		# a client VM that died is reported by vm_finish (vm-died)
+		# a client VM that died or oopsed is reported by vm_finish (vm-died)
 		alive "$(vm_pid client)" || return 1
+		vm_oops client >/dev/null && return 1
 		if [ "$(date +%s)" -ge "$deadline" ]; then
 			infra "client VM did not finish in ${VM_TIMEOUT}s"
 			return 1
@@ -309,7 +310,8 @@ smc-server)
 		start_peer smc-client
 		# PEER_CMD is done when it exits or touches $KPEER_DONE_FILE
 		deadline=$(($(date +%s) + PEER_TIMEOUT))
-		while peer_alive && ! peer_done && [ "$(date +%s)" -lt "$deadline" ]; do
+		while peer_alive && ! peer_done && ! vm_oops server >/dev/null &&
+			[ "$(date +%s)" -lt "$deadline" ]; do
 			sleep 0.2
 		done
 		[ "$(date +%s)" -lt "$deadline" ] || infra "PEER_CMD did not finish in ${PEER_TIMEOUT}s"

@@ -64,16 +64,25 @@ alive() {
 	[ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
 }
 
-# wait_line FILE ERE COUNT TIMEOUT [PID]: wait until FILE holds COUNT lines
-# matching ERE; fails after TIMEOUT seconds or as soon as PID has exited.
+# A guest kernel that crashed: every oops report has an "Oops:" line ("Oops: invalid
+# opcode" after a "kernel BUG at", "Oops: general protection fault", "Oops: 0000 [#1]"
+# after a NULL dereference); a panic says so. Matched on a VM's console (loglevel=4
+# prints these), where they appear even when the VM never reports its dmesg.
+KERNEL_OOPS_RE='^(.*[^0-9])?\[ *[0-9]+\.[0-9]+\] (Oops: |Kernel panic)'
+
+# wait_line FILE ERE COUNT TIMEOUT [PID [CONSOLE]]: wait until FILE holds COUNT lines
+# matching ERE; fails after TIMEOUT seconds, as soon as PID has exited or as soon as
+# the kernel console log CONSOLE shows an oops (a VM that oopsed rarely goes on:
+# seen in CI, a rxe bug left the VM up and its SMC-R traffic dead for the 900 s timeout).
 wait_line() {
-	local f=$1 re=$2 n=$3 t=$4 pid=${5:-} deadline n_now
+	local f=$1 re=$2 n=$3 t=$4 pid=${5:-} console=${6:-} deadline n_now
 	deadline=$(($(date +%s) + t))
 	while :; do
 		n_now=$(grep -a -c -E "$re" "$f" 2>/dev/null) || n_now=0
 		[ "$n_now" -ge "$n" ] && return 0
 		[ "$(date +%s)" -ge "$deadline" ] && return 1
-		if [ -n "$pid" ] && ! alive "$pid"; then
+		if { [ -n "$pid" ] && ! alive "$pid"; } ||
+			{ [ -n "$console" ] && grep -a -q -E "$KERNEL_OOPS_RE" "$console" 2>/dev/null; }; then
 			# one last look: the line may have been written just before exit
 			n_now=$(grep -a -c -E "$re" "$f" 2>/dev/null) || n_now=0
 			[ "$n_now" -ge "$n" ] && return 0

@@ -2,7 +2,9 @@
 # kpeer_run_retry OUT LOG CMD...: run CMD (one tests/kernel-peer/run.sh invocation with
 # OUT=OUT), its output to LOG, and return its exit status. A VM that vanished without its
 # end line (QEMU gone: a guest kernel panic, panic=-1 with -no-reboot, or the emulator
-# itself; vm_finish records it in OUT/vm-died) says nothing about the stacks under test:
+# itself), or whose kernel oopsed (seen in CI: a rxe bug, list corruption in
+# rxe_receiver, left the VM up with its RDMA dead), says nothing about the stacks under
+# test (vm_finish records either in OUT/vm-died; the verdict fails on the oops):
 # its console (in LOG) is shown with a WARN line and CMD runs once more; a second death,
 # or any other failure, is CMD's status. The first try's OUT and LOG are kept beside
 # (OUT.vm-died, OUT.vm-died.log). Sourced by tests/system/ibverbs-rxe.sh and
@@ -14,8 +16,8 @@ kpeer_run_retry() {
     "$@" >"$log" 2>&1
     rc=$?
     if [ "$rc" != 0 ] && [ "$try" = 1 ] && [ -s "$out/vm-died" ]; then
-      echo "WARN: $(basename "$out"): VM $(tr '\n' ' ' <"$out/vm-died")died under the run (console below); running it again"
-      grep -aE 'exited without its end line|^\[(vm|qemu) ' "$log" | sed 's/^/   /'
+      echo "WARN: $(basename "$out"): VM $(tr '\n' ' ' <"$out/vm-died")died or oopsed under the run (console below); running it again"
+      grep -aE 'exited without its end line|its kernel oopsed|^\[(vm|qemu) ' "$log" | sed 's/^/   /'
       rm -rf "$out.vm-died" "$out.vm-died.log"
       mv "$out" "$out.vm-died"
       mv "$log" "$out.vm-died.log"

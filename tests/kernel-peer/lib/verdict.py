@@ -46,6 +46,10 @@ DMESG_INFO = [
 # EFLAGS bits above 31 set that no x86 CPU has (seen once in rxe's receive path while
 # the host was loaded). An artefact of the emulator, not of either SMC-R stack: shown
 # as a warning, not counted as a kernel error.
+# A kernel line on a VM's console: "[ seconds.micros] text", possibly after the end of
+# a line that userspace wrote at the same moment (no newline in between)
+CONSOLE_KERNEL_LINE = re.compile(r"\[ *\d+\.\d+\] [^\n]*")
+
 DMESG_TCG_ARTEFACTS = [
     r"WARNING: CPU: .* at arch/x86/kernel/traps\.c:\d+ exc_debug_kernel",
 ]
@@ -100,6 +104,15 @@ class Vm:
         if self.dmesg:
             with open(os.path.join(self.dir, "dmesg.txt"), "w") as fh:
                 fh.write("\n".join(self.dmesg) + "\n")
+        # The console (console.log, loglevel=4: errors and worse) has the kernel's own
+        # lines, which a VM that crashed or hung never sends as its dmesg: an oops there
+        # must fail the run even when the results hold no dmesg at all.
+        self.console = []
+        path = os.path.join(self.dir, "console.log")
+        if os.path.exists(path):
+            with open(path, "rb") as fh:
+                text = fh.read().decode("utf-8", "replace").replace("\r", "")
+            self.console = [m.group(0) for m in CONSOLE_KERNEL_LINE.finditer(text)]
         for tool, lines in self.tool_out.items():
             with open(os.path.join(self.dir, "verbs-%s.txt" % tool), "w") as fh:
                 fh.write("\n".join(lines) + "\n")
@@ -173,7 +186,9 @@ def check_mode(v, expect, vm, conn):
 
 def scan_dmesg(v, vm, extra, tcg=False):
     pats = DMESG_FAIL + ([extra] if extra else [])
-    bad = [l for l in vm.dmesg if any(re.search(p, l) for p in pats)]
+    seen = set(l.strip() for l in vm.dmesg)
+    lines = vm.dmesg + [l for l in vm.console if l.strip() not in seen]
+    bad = [l for l in lines if any(re.search(p, l) for p in pats)]
     if tcg:
         artefacts = [l for l in bad if any(re.search(p, l) for p in DMESG_TCG_ARTEFACTS)]
         for l in artefacts:

@@ -137,10 +137,17 @@ boot_vm() {
 
 vm_pid() { eval "echo \${VMPID_$1:-}"; }
 
-# vm_wait NAME ERE [COUNT] [TIMEOUT]: wait for a result line of VM NAME
+# vm_wait NAME ERE [COUNT] [TIMEOUT]: wait for a result line of VM NAME; gives up
+# early when the VM is gone or its kernel oopsed (vm_oops)
 vm_wait() {
 	local name=$1 re=$2 n=${3:-1} t=${4:-120}
-	wait_line "$OUT/$name/results.log" "^KPEER $re" "$n" "$t" "$(vm_pid "$name")"
+	wait_line "$OUT/$name/results.log" "^KPEER $re" "$n" "$t" "$(vm_pid "$name")" \
+		"$OUT/$name/console.log"
+}
+
+# vm_oops NAME: did VM NAME's kernel oops or panic? Prints the console's first such line.
+vm_oops() {
+	grep -a -m1 -E "$KERNEL_OOPS_RE" "$OUT/$1/console.log" 2>/dev/null
 }
 
 # vm_ctl NAME LINE: send one control line to VM NAME
@@ -173,12 +180,26 @@ vm_abort() {
 }
 
 # vm_finish NAME [TIMEOUT]: wait for the VM to power off (it does so after
-# its "end" line)
+# its "end" line). A VM gone without that line, or whose kernel oopsed, is
+# recorded in OUT/vm-died ("NAME" or "NAME (kernel oops)") for lib/retry.bash.
 vm_finish() {
-	local name=$1 pid
+	local name=$1 pid oops finished
 	pid=$(vm_pid "$name")
 	[ -n "$pid" ] || return 0
-	if ! vm_wait "$name" 'end ' 1 "${2:-$((IOTIMEOUT + 60))}"; then
+	finished=1
+	vm_wait "$name" 'end ' 1 "${2:-$((IOTIMEOUT + 60))}" || finished=0
+	if oops=$(vm_oops "$name"); then
+		# the guest kernel crashed (a kernel bug, e.g. in rxe; the verdict fails on it):
+		# like a VM that died, this says nothing about the stacks under test, and
+		# lib/retry.bash runs the step once more
+		log "VM $name: its kernel oopsed (${oops:0:160}); last lines of $OUT/$name/console.log:"
+		echo "$name (kernel oops)" >>"$OUT/vm-died"
+		tail -n 40 "$OUT/$name/console.log" 2>/dev/null | sed "s/^/[vm $name] /" >&2 || true
+		if [ "$finished" = 0 ]; then
+			INFRA_ERRORS="$INFRA_ERRORS vm-$name-oops"
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+	elif [ "$finished" = 0 ]; then
 		if alive "$pid"; then
 			log "VM $name did not finish; stopping it"
 		else
@@ -307,7 +328,7 @@ peer_listening() {
 # peer_alive: is PEER_CMD still running?
 peer_alive() {
 	if [ "$PEER_VM" = 1 ]; then
-		alive "$(vm_pid guest)" && ! vm_wait guest 'peer-exit ' 1 0
+		alive "$(vm_pid guest)" && ! vm_oops guest >/dev/null && ! vm_wait guest 'peer-exit ' 1 0
 		return
 	fi
 	alive "$PEER_PID"

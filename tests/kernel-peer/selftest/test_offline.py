@@ -233,6 +233,62 @@ fake() {
         self.assertEqual((tries, out.strip().splitlines()[-1]), (2, "rc=3"), out)
 
 
+class OopsTest(unittest.TestCase):
+    """lib/vm.sh: a VM whose kernel oopsed (console.log) is not waited for until the
+    timeout, and is recorded in OUT/vm-died for lib/retry.bash."""
+
+    # the console of the CI run that found it (a rxe bug in the kernel client VM): the
+    # oops lines follow userspace output without a newline in between
+    OOPS = ("kpeer[client 4.37] ready: 10.44.0.2/24\n"
+            "[   12.921668] l3list_add corruption. prev->next should be next\n"
+            "[   12.925787] kernel BUG at lib/list_debug.c:32!\n"
+            "[   12.926899] Oops: invalid opcode: 0000 [#1] PREEMPT SMP NOPTI\n"
+            "[   12.927183] CPU: 0 UID: 0 PID: 191 Comm: kworker/u4:3\n")
+
+    def finish(self, console, results, vm_secs=120):
+        # the stand-in VM (a sleep) outlives the wait unless the test says it powers off
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        os.makedirs(os.path.join(d, "client"))
+        with open(os.path.join(d, "client", "console.log"), "w") as fh:
+            fh.write(console)
+        with open(os.path.join(d, "client", "results.log"), "w") as fh:
+            fh.write(results)
+        script = (". {k}/lib/common.sh; . {k}/lib/vm.sh; OUT={d}; IOTIMEOUT=60; INFRA_ERRORS=\n"
+                  "sleep {v} & VMPID_client=$!; register_pid $!\n"
+                  "t0=$SECONDS; vm_finish client 60; echo \"secs=$((SECONDS - t0))\"\n"
+                  "echo \"infra=$INFRA_ERRORS\"; alive $VMPID_client && echo still-alive\n"
+                  "vm_oops client >/dev/null && echo oops-seen\n").format(k=KPEER, d=d, v=vm_secs)
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=100)
+        died = os.path.join(d, "vm-died")
+        return r.stdout, open(died).read() if os.path.exists(died) else "", r.stderr
+
+    def test_an_oopsed_vm_is_not_waited_for_and_is_recorded(self):
+        out, died, err = self.finish(self.OOPS, "KPEER ready vm=client\n")
+        secs = int(out.split("secs=")[1].split()[0])
+        self.assertLess(secs, 20, out + err)
+        self.assertEqual(died, "client (kernel oops)\n", out + err)
+        self.assertIn("vm-client-oops", out)
+        self.assertIn("oops-seen", out)
+        self.assertNotIn("still-alive", out)
+        self.assertIn("its kernel oopsed ([   12.926899] Oops: invalid opcode", err)
+
+    def test_a_panic_after_userspace_output_on_the_same_line_counts(self):
+        out, died, err = self.finish("kpeer[client 9.1] go[   13.5] Kernel panic - not syncing: x\n",
+                                     "KPEER end vm=client rc=0\n", vm_secs=1)
+        self.assertEqual(died, "client (kernel oops)\n", out + err)
+        # it had finished: not a harness error, the verdict fails on the console line
+        self.assertNotIn("vm-client", out)
+
+    def test_a_clean_console_is_no_oops(self):
+        clean = self.OOPS.replace("Oops:", "Oops-like text:")
+        out, died, err = self.finish(clean + "[   13.0] BUG: soft lockup (verdict's business)\n",
+                                     "KPEER end vm=client rc=0\n", vm_secs=1)
+        self.assertEqual(died, "", out + err)
+        self.assertNotIn("oops-seen", out)
+        self.assertEqual(out.split("infra=")[1].split("\n")[0], "", out)
+
+
 class VerdictTest(unittest.TestCase):
     """verdict.py on synthetic result files."""
 
@@ -243,7 +299,7 @@ class VerdictTest(unittest.TestCase):
         "PEER_IP": "10.44.0.3", "INFRA_ERRORS": "",
     }
 
-    def run_verdict(self, server_lines, client_lines, config=None):
+    def run_verdict(self, server_lines, client_lines, config=None, consoles=None):
         out = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, out)
         cfg = dict(self.CONFIG, **(config or {}))
@@ -256,6 +312,9 @@ class VerdictTest(unittest.TestCase):
             open(os.path.join(out, name, "kpeer.conf"), "w").close()
             with open(os.path.join(out, name, "results.log"), "w") as fh:
                 fh.write("\r\n".join(lines) + "\r\n")
+            if consoles and name in consoles:
+                with open(os.path.join(out, name, "console.log"), "w") as fh:
+                    fh.write(consoles[name])
         r = subprocess.run([sys.executable, os.path.join(KPEER, "lib", "verdict.py"), out],
                            capture_output=True, text=True)
         return r.returncode, r.stdout
@@ -326,6 +385,21 @@ class VerdictTest(unittest.TestCase):
         s2 = [l.replace("traps.c:1120 exc_debug_kernel", "core.c:99 smc_llc_flow") for l in s]
         rc, text = self.run_verdict(s2, c, config={"ACCEL": "tcg"})
         self.assertEqual(rc, 1, text)
+
+    def test_oops_on_the_console_fails_when_the_vm_sent_no_dmesg(self):
+        # a VM that crashed never sends its dmesg; its console has the oops
+        s, c = self.good()
+        console = OopsTest.OOPS
+        rc, text = self.run_verdict(s, c, consoles={"client": console})
+        self.assertEqual(rc, 1, text)
+        self.assertIn("client kernel log: 1 protocol-violation/kernel-error lines: "
+                      "[   12.926899] Oops: invalid opcode", text)
+        # the same line in the dmesg too counts once
+        c = c[:-1] + ["KPEER-DMESG [   12.926899] Oops: invalid opcode: 0000 [#1] PREEMPT SMP NOPTI"] + c[-1:]
+        rc, text = self.run_verdict(s, c, consoles={"client": console})
+        self.assertIn("client kernel log: 1 protocol-violation", text)
+        rc, text = self.run_verdict(*self.good(), consoles={"client": console.replace("Oops:", "Fine:")})
+        self.assertEqual(rc, 0, text)
 
     def test_vm_that_never_finished_fails(self):
         s, c = self.good()
