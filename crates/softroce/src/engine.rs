@@ -135,8 +135,11 @@ impl Engine {
                 } else {
                     n.segs[i]
                 };
+                // One clock read per datagram, not per packet (up to 64 of
+                // them, tens of µs: timers are set in ms).
+                let now = Instant::now();
                 for pkt in dgram.chunks(seg) {
-                    handle_packet(self, pkt, src, sport, touched);
+                    handle_packet(self, now, pkt, src, sport, touched);
                 }
             }
             for qp in touched.drain(..) {
@@ -518,6 +521,7 @@ fn socket_readable(dev: &DevShared) -> bool {
 /// QP (which is added to `touched` for its after-batch pass).
 pub(crate) fn handle_packet(
     eng: &Engine,
+    now: Instant,
     pkt: &[u8],
     src: IpAddr,
     sport: u16,
@@ -548,7 +552,7 @@ pub(crate) fn handle_packet(
         dev.stats.rx_unknown_qp.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    if !qp.on_packet(&parsed, pkt, src) {
+    if !qp.on_packet(now, &parsed, pkt, src) {
         dev.stats.rx_foreign.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(%src, qpn = qp.qpn, "dropping a packet not from the QP's peer");
         return;

@@ -14,6 +14,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
+use std::time::Instant;
 
 use smc_verbs::{
     AccessFlags, AddressHandle, Cq, Device, Gid, InitAttr, Mtu, Pd, Qp, QpCap, QpInitAttr, RtrAttr,
@@ -148,7 +149,14 @@ impl Harness {
 
     /// Delivers one UDP payload from `src:sport` as the engine would.
     pub fn feed(&mut self, pkt: &[u8], src: IpAddr, sport: u16) {
-        handle_packet(&self.eng, pkt, src, sport, &mut self.touched);
+        handle_packet(
+            &self.eng,
+            Instant::now(),
+            pkt,
+            src,
+            sport,
+            &mut self.touched,
+        );
         for qp in self.touched.drain(..) {
             qp.after_batch();
         }

@@ -335,13 +335,23 @@ impl QpShared {
     /// Runs `f` under the QP lock with a transmit context; sends what it
     /// queued, publishes timers, then fires CQ notifications unlocked.
     pub(crate) fn run<R>(&self, f: impl FnOnce(&mut QpInner, &mut Ctx<'_>) -> R) -> R {
+        self.run_at(Instant::now(), f)
+    }
+
+    /// [`Self::run`] with the time read by the caller (one clock read for many
+    /// packets: a received datagram's segments).
+    pub(crate) fn run_at<R>(
+        &self,
+        now: Instant,
+        f: impl FnOnce(&mut QpInner, &mut Ctx<'_>) -> R,
+    ) -> R {
         let (r, fire_send, fire_recv, deadline, work) = TX.with(|cell| {
             let mut batch = cell.borrow_mut();
             let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             let mut ctx = Ctx {
                 qp: self,
                 tx: &mut batch,
-                now: Instant::now(),
+                now,
                 fire_send: false,
                 fire_recv: false,
             };
@@ -373,10 +383,11 @@ impl QpShared {
         r
     }
 
-    /// Handles one received packet (engine thread); false if it was not
-    /// from the QP's connected peer and was dropped unprocessed.
-    pub(crate) fn on_packet(&self, p: &Parsed, pkt: &[u8], src: IpAddr) -> bool {
-        self.run(|inner, ctx| inner.on_packet(ctx, p, pkt, src))
+    /// Handles one packet received at `now` (engine thread or a driving
+    /// waiter); false if it was not from the QP's connected peer and was
+    /// dropped unprocessed.
+    pub(crate) fn on_packet(&self, now: Instant, p: &Parsed, pkt: &[u8], src: IpAddr) -> bool {
+        self.run_at(now, |inner, ctx| inner.on_packet(ctx, p, pkt, src))
     }
 
     /// Sends coalesced ACKs and continues transmission (engine, after a
