@@ -286,7 +286,10 @@ smc-pair)
 	if ready_or_fail server && ready_or_fail client &&
 		vm_wait server 'listen ' 1 60 && vm_wait client 'wait-go' 1 60; then
 		vm_ctl client go
-		vm_wait client 'client-finished' 1 "$VM_TIMEOUT" || infra "client VM did not finish in ${VM_TIMEOUT}s"
+		if ! vm_wait client 'client-finished' 1 "$VM_TIMEOUT"; then
+			# (vm_wait gives up early on a client whose kernel oopsed: vm_finish says so)
+			vm_oops client >/dev/null || infra "client VM did not finish in ${VM_TIMEOUT}s"
+		fi
 		vm_ctl server stop
 		vm_finish server
 		vm_ctl client stop

@@ -67,8 +67,9 @@ alive() {
 # A guest kernel that crashed: every oops report has an "Oops:" line ("Oops: invalid
 # opcode" after a "kernel BUG at", "Oops: general protection fault", "Oops: 0000 [#1]"
 # after a NULL dereference); a panic says so. Matched on a VM's console (loglevel=4
-# prints these), where they appear even when the VM never reports its dmesg.
-KERNEL_OOPS_RE='^(.*[^0-9])?\[ *[0-9]+\.[0-9]+\] (Oops: |Kernel panic)'
+# prints these), where they appear even when the VM never reports its dmesg, anywhere
+# on a line: userspace output without a newline may come first (even ending in a digit).
+KERNEL_OOPS_RE='\[ *[0-9]+\.[0-9]+\] (Oops: |Kernel panic)'
 
 # wait_line FILE ERE COUNT TIMEOUT [PID [CONSOLE]]: wait until FILE holds COUNT lines
 # matching ERE; fails after TIMEOUT seconds, as soon as PID has exited or as soon as

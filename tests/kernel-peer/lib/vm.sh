@@ -192,6 +192,11 @@ vm_finish() {
 		# the guest kernel crashed (a kernel bug, e.g. in rxe; the verdict fails on it):
 		# like a VM that died, this says nothing about the stacks under test, and
 		# lib/retry.bash runs the step once more
+		if [ "$finished" = 0 ]; then
+			# the registers and call trace follow the first line through the emulated
+			# UART (slow under TCG): the console is the only record, let them arrive
+			wait_line "$OUT/$name/console.log" 'end trace|Kernel panic' 1 10 "$pid" || true
+		fi
 		log "VM $name: its kernel oopsed (${oops:0:160}); last lines of $OUT/$name/console.log:"
 		echo "$name (kernel oops)" >>"$OUT/vm-died"
 		tail -n 40 "$OUT/$name/console.log" 2>/dev/null | sed "s/^/[vm $name] /" >&2 || true
