@@ -77,7 +77,8 @@ run() { # NAME MODE KNOBS...
     case " $IBVERBS_RXE_ONLY " in *" $name "*) ;; *) echo "== $name: not in IBVERBS_RXE_ONLY"; return ;; esac
   fi
   echo "== $name: run.sh $mode"
-  # a VM that dies under the step (seen once in CI under TCG, kernel-client) runs it again
+  # a VM that dies or oopses under the step (rxe bugs under TCG, seen in CI in
+  # kernel-client and kernel-server) runs it again, up to twice (lib/retry.bash)
   kpeer_run_retry "$work/$name" "$work/$name.log" \
     env "$@" timeout 1200 tests/kernel-peer/run.sh "$mode" OUT="$work/$name" NO_INSTALL=1 PEER_VM=1 \
     PEER_FILES="$smc $helper"

@@ -185,7 +185,8 @@ class PatternTest(unittest.TestCase):
 
 
 class RetryTest(unittest.TestCase):
-    """lib/retry.bash: a run whose VM died (OUT/vm-died) runs once more, nothing else."""
+    """lib/retry.bash: a run whose VM died (OUT/vm-died) runs again, up to twice; nothing
+    else does."""
 
     # A stand-in for run.sh: fails with a dead VM as long as OUT/../deaths has lines left.
     FAKE = r"""
@@ -228,9 +229,14 @@ fake() {
         self.assertTrue(os.path.exists(os.path.join(d, "run.vm-died", "vm-died")))
         self.assertTrue(os.path.exists(os.path.join(d, "run.vm-died.log")))
 
-    def test_a_second_death_fails(self):
+    def test_two_deaths_run_a_third_time(self):
         out, tries, _ = self.run_retry(2)
-        self.assertEqual((tries, out.strip().splitlines()[-1]), (2, "rc=3"), out)
+        self.assertEqual((tries, out.strip().splitlines()[-1]), (3, "rc=0"), out)
+        self.assertEqual(out.count("WARN: run: VM guest died"), 2, out)
+
+    def test_a_third_death_fails(self):
+        out, tries, _ = self.run_retry(3)
+        self.assertEqual((tries, out.strip().splitlines()[-1]), (3, "rc=3"), out)
 
 
 class OopsTest(unittest.TestCase):
