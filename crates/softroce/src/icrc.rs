@@ -235,34 +235,34 @@ impl IdMap {
 
     /// `L(id)`.
     fn delta(&self, id: u16) -> u32 {
-        let mut r = 0;
-        let mut v = id;
-        let mut i = 0;
-        while v != 0 {
-            if v & 1 != 0 {
-                r ^= self.basis[i];
-            }
-            v >>= 1;
-            i += 1;
-        }
-        r
+        xor_selected(&self.basis, id.into())
     }
 
     /// The `id` with `L(id) == syndrome`, if there is one.
     fn solve(&self, syndrome: u32) -> Option<u16> {
-        let mut id = 0;
-        let mut v = syndrome;
-        let mut j = 0;
-        while v != 0 {
-            if v & 1 != 0 {
-                id ^= self.inverse[j];
-            }
-            v >>= 1;
-            j += 1;
-        }
+        let id = xor_selected(&self.inverse, syndrome);
         // A syndrome outside the image (a corrupt packet) maps to some ID too.
         (self.delta(id) == syndrome).then_some(id)
     }
+}
+
+/// The XOR of the entries of `table` whose index is a set bit of `bits` (a
+/// GF(2) matrix applied to a vector, the matrix by columns).
+fn xor_selected<T>(table: &[T], bits: u32) -> T
+where
+    T: Copy + Default + std::ops::BitXorAssign,
+{
+    let mut r = T::default();
+    let mut v = bits;
+    let mut i = 0;
+    while v != 0 {
+        if v & 1 != 0 {
+            r ^= table[i];
+        }
+        v >>= 1;
+        i += 1;
+    }
+    r
 }
 
 /// Runs `f` on the ID map for a packet length, from a small per-thread cache (a
@@ -333,25 +333,11 @@ fn zero_ops() -> &'static [[u32; 32]; 32] {
         for k in 1..32 {
             let prev = ops[k - 1];
             for j in 0..32 {
-                ops[k][j] = mat_apply(&prev, prev[j]);
+                ops[k][j] = xor_selected(&prev, prev[j]);
             }
         }
         ops
     })
-}
-
-fn mat_apply(m: &[u32; 32], v: u32) -> u32 {
-    let mut r = 0;
-    let mut v = v;
-    let mut j = 0;
-    while v != 0 {
-        if v & 1 != 0 {
-            r ^= m[j];
-        }
-        v >>= 1;
-        j += 1;
-    }
-    r
 }
 
 fn shift_zeros(mut c: u32, n: usize) -> u32 {
@@ -360,7 +346,7 @@ fn shift_zeros(mut c: u32, n: usize) -> u32 {
     let mut n = n;
     while n != 0 {
         if n & 1 != 0 {
-            c = mat_apply(&ops[k], c);
+            c = xor_selected(&ops[k], c);
         }
         n >>= 1;
         k += 1;
