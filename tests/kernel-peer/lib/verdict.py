@@ -32,6 +32,10 @@ DMESG_FAIL = [
     r"UBSAN:",
     r"KASAN:",
 ]
+# A kernel line on a VM's console: "[ seconds.micros] text", possibly after the end of
+# a line that userspace wrote at the same moment (no newline in between)
+CONSOLE_KERNEL_LINE = re.compile(r"\[ *\d+\.\d+\] [^\n]*")
+
 # SMC-R messages worth showing (not failures by themselves)
 DMESG_INFO = [
     r"smc: SMC-R lg .*",
@@ -46,10 +50,6 @@ DMESG_INFO = [
 # EFLAGS bits above 31 set that no x86 CPU has (seen once in rxe's receive path while
 # the host was loaded). An artefact of the emulator, not of either SMC-R stack: shown
 # as a warning, not counted as a kernel error.
-# A kernel line on a VM's console: "[ seconds.micros] text", possibly after the end of
-# a line that userspace wrote at the same moment (no newline in between)
-CONSOLE_KERNEL_LINE = re.compile(r"\[ *\d+\.\d+\] [^\n]*")
-
 DMESG_TCG_ARTEFACTS = [
     r"WARNING: CPU: .* at arch/x86/kernel/traps\.c:\d+ exc_debug_kernel",
 ]

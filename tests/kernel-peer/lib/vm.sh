@@ -191,7 +191,7 @@ vm_finish() {
 	if oops=$(vm_oops "$name"); then
 		# the guest kernel crashed (a kernel bug, e.g. in rxe; the verdict fails on it):
 		# like a VM that died, this says nothing about the stacks under test, and
-		# lib/retry.bash runs the step once more
+		# lib/retry.bash runs the step again
 		if [ "$finished" = 0 ]; then
 			# the registers and call trace follow the first line through the emulated
 			# UART (slow under TCG): the console is the only record, let them arrive
