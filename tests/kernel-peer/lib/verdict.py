@@ -85,6 +85,8 @@ class Vm:
         self.events = []  # (event, kv)
         self.dmesg = []
         self.tool_out = {}
+        # a tool's output since its last result, handed to the next result ("_out")
+        pending = {}
         path = os.path.join(self.dir, "results.log")
         raw = ""
         if os.path.exists(path):
@@ -96,11 +98,16 @@ class Vm:
             elif line.startswith("KPEER-OUT "):
                 parts = line.split(" ", 2)
                 if len(parts) >= 2:
-                    self.tool_out.setdefault(parts[1], []).append(parts[2] if len(parts) > 2 else "")
+                    text = parts[2] if len(parts) > 2 else ""
+                    self.tool_out.setdefault(parts[1], []).append(text)
+                    pending.setdefault(parts[1], []).append(text)
             elif line.startswith("KPEER "):
                 parts = line.split(" ", 2)
                 if len(parts) >= 2:
-                    self.events.append((parts[1], parse_kv(parts[2] if len(parts) > 2 else "")))
+                    kv = parse_kv(parts[2] if len(parts) > 2 else "")
+                    if parts[1] == "verbs":
+                        kv["_out"] = pending.pop(kv.get("tool"), [])
+                    self.events.append((parts[1], kv))
         if self.dmesg:
             with open(os.path.join(self.dir, "dmesg.txt"), "w") as fh:
                 fh.write("\n".join(self.dmesg) + "\n")
@@ -395,6 +402,18 @@ def verbs_perf(lines):
     return found
 
 
+def rping_teardown_race(mode, tool, r):
+    """rping's client exits 255 when its CM thread, woken by the server's disconnect,
+    reads the event channel that the main thread has just destroyed (rdma-core's
+    librdmacm/examples/rping.c: perror("rdma_get_cm_event"), exit): after every ping.
+    Only where PEER_CMD is our server (verbs-client), whose own exit status says that
+    it verified every ping, is that the tool's teardown and not a failed run."""
+    out = r.get("_out", [])
+    return (mode == "verbs-client" and tool == "rping" and r.get("role") == "client"
+            and r.get("rc") == "255" and any("DISCONNECT EVENT" in l for l in out)
+            and bool(out) and "rdma_get_cm_event: Bad file descriptor" in out[-1])
+
+
 def verbs_checks(v, cfg, out, vms, steps):
     mode = cfg["MODE"]
     tools = [t for t in cfg.get("VERBS_TOOLS", "").split(",") if t]
@@ -408,9 +427,14 @@ def verbs_checks(v, cfg, out, vms, steps):
             k = seen[t]
             seen[t] += 1
             r = runs[t][k] if k < len(runs[t]) else None
-            v.check(r is not None and r.get("rc") == "0", "%s %s (step %d) as %s: exit status %s%s" % (
+            desc = "%s %s (step %d) as %s: exit status %s%s" % (
                 vm.name, t, i, r.get("role") if r else "?", r.get("rc") if r else "none",
-                " in %ss" % r.get("secs") if r else ""))
+                " in %ss" % r.get("secs") if r else "")
+            if r is not None and rping_teardown_race(mode, t, r):
+                v.warn(desc + ": rping's teardown race after the server's disconnect "
+                       "(PEER_CMD's exit status below checks the pings)")
+            else:
+                v.check(r is not None and r.get("rc") == "0", desc)
             if r:
                 v.info("%s %s command: %s" % (vm.name, t, r.get("cmd", "").replace("+", " ")))
             if k == 0:

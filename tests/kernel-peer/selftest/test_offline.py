@@ -435,6 +435,34 @@ class VerdictTest(unittest.TestCase):
             out_rc, text = self._with_steps(s, cfg, steps)
             self.assertEqual(out_rc, want, steps + text)
 
+    def test_rpings_teardown_race_is_a_warning_only_where_our_server_checks(self):
+        # rping's client: every ping done, then its CM thread reads the destroyed event
+        # channel after the server's disconnect and exits 255 (seen in CI, iwarp-siw)
+        def vm(rc, last):
+            return ["KPEER boot vm=server kernel=6.12 uptime=3.1 role=x",
+                    "KPEER ready vm=server gid=::1 uptime=5.0",
+                    "KPEER-OUT rping client DISCONNECT EVENT...",
+                    "KPEER verbs vm=server tool=rping role=client rc=0 secs=0.2 cmd=rping",
+                    "KPEER-OUT rping client DISCONNECT EVENT...",
+                    "KPEER-OUT rping " + last,
+                    "KPEER verbs vm=server tool=rping role=client rc=%s secs=0.2 cmd=rping" % rc,
+                    "KPEER end vm=server rc=0"]
+        race = "rdma_get_cm_event: Bad file descriptor"
+        cfg = {"MODE": "verbs-client", "VERBS_TOOLS": "rping,rping", "CAPTURE": "0"}
+        steps = "rping@1\t0\texited\nrping@2\t0\texited\n"
+        rc, text = self._with_steps(vm("255", race), cfg, steps)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("WARN server rping (step 2) as client: exit status 255", text)
+        # our server failing its pings still fails the run
+        rc, text = self._with_steps(vm("255", race), cfg, steps.replace("@2\t0", "@2\t1"))
+        self.assertEqual(rc, 1, text)
+        # any other exit or output, or a kernel tool as the server (verbs-pair): a failure
+        for bad, c in ((vm("1", race), cfg), (vm("255", "cma event REJECTED"), cfg),
+                       (vm("255", race), dict(cfg, MODE="verbs-pair"))):
+            rc, text = self._with_steps(bad, c, steps)
+            self.assertEqual(rc, 1, text)
+            self.assertIn("FAIL server rping (step 2)", text)
+
     def _with_steps(self, server, cfg, steps):
         out = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, out)
